@@ -1,0 +1,115 @@
+// Bit-exact scalar conversions shared by every backend: bf16, e4m3 (fn, satfinite),
+// e2m1 and UE8M0 scales. Implemented on the bits so that CPU and GPU agree exactly.
+#pragma once
+
+#include "portability.h"
+
+namespace dsv4 {
+
+DSV4_HD uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+DSV4_HD float bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// bf16 <-> fp32; bf16 values travel as their uint16_t bits.
+DSV4_HD float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
+
+// Round to nearest even; NaN stays NaN (quiet).
+DSV4_HD uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+DSV4_HD float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// Element loads/stores that hide whether a buffer holds fp32 or bf16 (uint16_t bits).
+DSV4_HD float load_as_f32(const float* p, int64_t i) { return p[i]; }
+DSV4_HD float load_as_f32(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
+DSV4_HD void store_from_f32(float* p, int64_t i, float v) { p[i] = v; }
+DSV4_HD void store_from_f32(uint16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
+
+// Biased fp32 exponent of v (> 0, finite), plus one if the mantissa is non-zero: the
+// UE8M0 byte of the smallest power of two >= v. Rounding up keeps x / 2^(e-127) inside
+// the format's range; rounding down would push codes into saturation.
+DSV4_HD uint8_t ue8m0_ceil(float v) {
+  uint32_t u = f32_bits(v);
+  uint32_t e = (u >> 23) & 0xffu;
+  uint32_t m = u & 0x7fffffu;
+  return uint8_t(e + (m != 0 ? 1u : 0u));
+}
+
+// 2^(127 - e) as an exact fp32, e in [1, 254] (inverse of the UE8M0 scale).
+DSV4_HD float ue8m0_inv_scale(uint8_t e) { return bits_f32(uint32_t(254 - e) << 23); }
+
+// fp32 -> e4m3fn with saturation to +-448 and round-to-nearest-even.
+DSV4_HD uint8_t f32_to_e4m3_satfinite(float x) {
+  uint32_t u = f32_bits(x);
+  uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint8_t(sign | 0x7f);  // NaN
+  float ax = bits_f32(a);
+  if (ax >= 448.0f) return uint8_t(sign | 0x7e);      // satfinite
+  if (ax <= 0.0009765625f) return sign;  // <= 2^-10, half the smallest subnormal: ties to 0
+  int exp = int((a >> 23) & 0xffu) - 127;  // unbiased, >= -10
+  uint32_t mant = (a & 0x7fffffu) | 0x800000u;  // 24-bit significand
+  if (exp < -6) {
+    // Subnormal e4m3: value = m * 2^-9, m in [0, 7]. Shift so that m has its binary point.
+    int shift = 20 + (-6 - exp);  // bits to drop
+    uint32_t q = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q += 1;
+    // q == 8 means it rounded up to the smallest normal 2^-6 (code 0x08): same encoding.
+    return uint8_t(sign | q);
+  }
+  uint32_t q = mant >> 20;  // 1.xxx with 3 mantissa bits: q in [8, 15]
+  uint32_t rem = mant & 0xfffffu;
+  if (rem > 0x80000u || (rem == 0x80000u && (q & 1u))) q += 1;
+  if (q == 16) { q = 8; exp += 1; }
+  uint32_t code = (uint32_t(exp + 7) << 3) | (q & 7u);
+  if (code > 0x7e) code = 0x7e;
+  return uint8_t(sign | code);
+}
+
+DSV4_HD float e4m3_to_f32(uint8_t c) {
+  uint32_t sign = (c & 0x80u) ? 0x80000000u : 0u;
+  uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
+  if (e == 0xf && m == 7) return bits_f32(sign | 0x7fc00000u);
+  float v = e == 0 ? float(m) * 0.001953125f : bits_f32(((e + 120u) << 23) | (m << 20));
+  return sign ? -v : v;
+}
+
+// fp32 (already scaled) -> e2m1 nibble. Magnitude index = number of thresholds strictly
+// below |v| (clamped to 6); ties therefore go to the smaller magnitude, by contract.
+DSV4_HD uint8_t f32_to_e2m1(float v) {
+  float a = v < 0.0f ? -v : v;
+  a = a < 6.0f ? a : 6.0f;
+  uint8_t idx = uint8_t((a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) +
+                        (a > 3.5f) + (a > 5.0f));
+  return uint8_t(idx | ((v < 0.0f && idx != 0) ? 0x8 : 0));
+}
+
+DSV4_HD float e2m1_to_f32(uint8_t nib) {
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float v = mag[nib & 7u];
+  return (nib & 8u) ? -v : v;
+}
+
+}  // namespace dsv4

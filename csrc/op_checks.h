@@ -1,0 +1,55 @@
+// Argument checks shared by the CPU and CUDA glue. Every message names the op and the
+// argument, so a bad call reads "dsv4.compress_forward: kv_score_buffer must ...".
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <initializer_list>
+#include <string>
+
+namespace dsv4 {
+
+#define DSV4_CHECK(cond, op, arg, ...) \
+  TORCH_CHECK((cond), "dsv4.", op, ": ", arg, " ", __VA_ARGS__)
+
+inline std::string dtype_list(std::initializer_list<at::ScalarType> dts) {
+  std::string s;
+  for (auto d : dts) s += (s.empty() ? "" : "/") + std::string(c10::toString(d));
+  return s;
+}
+
+inline void check_dtype(const at::Tensor& t, const char* op, const char* arg,
+                        std::initializer_list<at::ScalarType> allowed) {
+  bool ok = false;
+  for (auto d : allowed) ok = ok || t.scalar_type() == d;
+  DSV4_CHECK(ok, op, arg, "must have dtype ", dtype_list(allowed), ", got ", t.scalar_type());
+}
+
+inline void check_dim(const at::Tensor& t, const char* op, const char* arg, int64_t dim) {
+  DSV4_CHECK(t.dim() == dim, op, arg, "must be ", dim, "-D, got shape ", t.sizes());
+}
+
+inline void check_contiguous(const at::Tensor& t, const char* op, const char* arg) {
+  DSV4_CHECK(t.is_contiguous(), op, arg, "must be contiguous (got strides ", t.strides(), ")");
+}
+
+inline void check_device(const at::Tensor& t, const at::Device& dev, const char* op,
+                         const char* arg) {
+  DSV4_CHECK(t.device() == dev, op, arg, "must be on ", dev, ", got ", t.device());
+}
+
+inline void check_ratio(int64_t cr, const char* op) {
+  DSV4_CHECK(cr == 4 || cr == 128, op, "compress_ratio", "must be 4 or 128, got ", cr);
+}
+
+inline void check_plan_tensor(const at::Tensor& t, const char* op, const char* arg,
+                              int64_t record_bytes) {
+  check_dtype(t, op, arg, {at::kByte});
+  check_dim(t, op, arg, 2);
+  DSV4_CHECK(t.size(1) == record_bytes, op, arg, "must have ", record_bytes,
+             " bytes per record, got shape ", t.sizes());
+  check_contiguous(t, op, arg);
+}
+
+}  // namespace dsv4

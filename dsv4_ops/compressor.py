@@ -1,0 +1,65 @@
+"""The reference engine's compressor API (SPEC 5), so that engine code runs on dsv4_ops by
+changing one import: compress_forward and compress_norm_rope_store taking plan objects."""
+from typing import Optional, Union
+
+import torch
+
+from . import ops
+from .plans import CompressorDecodePlan, CompressorPrefillPlan
+
+Plan = Union[CompressorDecodePlan, CompressorPrefillPlan]
+
+
+def compress_forward(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
+                     ape: torch.Tensor, plan: Plan, *, head_dim: int, compress_ratio: int,
+                     out: Optional[torch.Tensor] = None, is_online: bool = False) -> torch.Tensor:
+    """Pool every window the plan closes into `out` [N, head_dim] and persist the raw rows
+    (or the online running state) the plan asks for into `kv_score_buffer`.
+
+    N is the number of plan rows (decode: batch size, rows that close no window are zeros;
+    prefill: plan_c rows, invalid rows are zeros). `out` defaults to kv_score_input's dtype.
+    """
+    if plan.compress_ratio != compress_ratio:
+        raise ValueError(f"dsv4.compress_forward: compress_ratio={compress_ratio} but the plan "
+                         f"was built for {plan.compress_ratio}")
+    rows, plan_w = (plan[1], None) if plan.is_decode else (plan[1], plan[2])
+    if out is None:
+        out = kv_score_input.new_empty((rows.shape[0], head_dim))
+    ops.compress_forward_op(kv_score_buffer, kv_score_input, ape, rows, plan_w, out, head_dim,
+                            compress_ratio, is_online)
+    return out
+
+
+def store_format_of(head_dim: int, use_fp4: bool = False, bf16_store: bool = False) -> str:
+    """The cache format compress_norm_rope_store writes for this head_dim and flags."""
+    if head_dim == 512:
+        if use_fp4:
+            raise ValueError("dsv4.compress_norm_rope_store: use_fp4 needs head_dim 128 (indexer)")
+        return "bf16" if bf16_store else "fp8_ds_mla"
+    if head_dim == 128:
+        if bf16_store:
+            raise ValueError("dsv4.compress_norm_rope_store: bf16_store needs head_dim 512")
+        return "fp4_indexer" if use_fp4 else "fp8_indexer"
+    raise ValueError(f"dsv4.compress_norm_rope_store: kv.shape[1] (head_dim) must be 128 or 512, "
+                     f"got {head_dim}")
+
+
+def freqs_as_real(freq_cis: torch.Tensor) -> torch.Tensor:
+    """complex [max_pos, 32] -> fp32 [max_pos, 64] = (cos0, sin0, cos1, sin1, ...), a view."""
+    if freq_cis.is_complex():
+        return torch.view_as_real(freq_cis).flatten(-2)
+    return freq_cis
+
+
+def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch.Tensor,
+                             norm_eps: float, freq_cis: torch.Tensor, out_loc: torch.Tensor,
+                             kvcache: torch.Tensor, page_size: int, use_fp4: bool = False,
+                             bf16_store: bool = False) -> None:
+    """RMSNorm + RoPE (+ Hadamard for head_dim 128) of every compressed token the plan makes,
+    quantised into the paged cache at out_loc. Rows that close no window write nothing."""
+    if kv.dim() != 2:
+        raise ValueError(f"dsv4.compress_norm_rope_store: kv must be 2-D [N, head_dim], got {tuple(kv.shape)}")
+    fmt = store_format_of(kv.shape[1], use_fp4, bf16_store)
+    ops.compress_norm_rope_store_op(kv, plan[1], norm_weight, freqs_as_real(freq_cis), out_loc,
+                                    kvcache, plan.is_decode, plan.compress_ratio, float(norm_eps),
+                                    int(page_size), fmt)

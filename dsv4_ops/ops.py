@@ -1,0 +1,79 @@
+"""Typed wrappers of torch.ops.dsv4.*: one function per operator, same arguments as the
+schema in csrc/registration.cpp. The plan classes and compressor functions build on these."""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _fake  # noqa: F401  (registers the fake implementations)
+from . import _library  # noqa: F401  (loads the operator library)
+
+_ops = torch.ops.dsv4
+
+STORE_FORMATS = ("fp8_ds_mla", "bf16", "fp8_indexer", "fp4_indexer")
+
+
+def plan_decode(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                full_to_state: torch.Tensor, seq_lens: torch.Tensor, compress_ratio: int,
+                swa_page_size: int, ring_size: int, use_req_ring: bool = False) -> torch.Tensor:
+    """DecodePlan [B, 16] uint8 (SPEC 3.2), SWA-paged or request-ring slots."""
+    return _ops.plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens,
+                            compress_ratio, swa_page_size, ring_size, use_req_ring)
+
+
+def plan_decode_legacy(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                       compress_ratio: int) -> torch.Tensor:
+    """DecodePlan [B, 16] uint8 with legacy slots (one window per request)."""
+    return _ops.plan_decode_legacy(req_pool_indices, seq_lens, compress_ratio)
+
+
+def plan_online_decode(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                       state_slot_offset: int = 0) -> torch.Tensor:
+    """DecodePlan [B, 16] uint8 for the online cr=128 running state (SPEC 3.5)."""
+    return _ops.plan_online_decode(req_pool_indices, seq_lens, state_slot_offset)
+
+
+def plan_prefill(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                 extend_lens: torch.Tensor, req_to_token: torch.Tensor,
+                 full_to_state: torch.Tensor, compress_ratio: int, swa_page_size: int,
+                 ring_size: int, num_q_tokens: int, use_req_ring: bool = False
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(plan_c [num_q_tokens, 16], plan_w [num_q_tokens, 8], counts int32 [2]) (SPEC 3.3).
+    Valid records first, then invalid ones; counts (on seq_lens' device) = valid rows."""
+    return _ops.plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token,
+                             full_to_state, compress_ratio, swa_page_size, ring_size,
+                             num_q_tokens, use_req_ring)
+
+
+def plan_prefill_legacy(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                        extend_lens: torch.Tensor, compress_ratio: int, num_q_tokens: int
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Legacy prefill planner: outputs as plan_prefill."""
+    return _ops.plan_prefill_legacy(req_pool_indices, seq_lens, extend_lens, compress_ratio,
+                                    num_q_tokens)
+
+
+def plan_online_prefill(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                        extend_lens: torch.Tensor, num_q_tokens: int,
+                        state_slot_offset: int = 0
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Online prefill planner (SPEC 3.5): plan_c and plan_w are both CompressPlan rows."""
+    return _ops.plan_online_prefill(req_pool_indices, seq_lens, extend_lens, num_q_tokens,
+                                    state_slot_offset)
+
+
+def compress_forward_op(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
+                        ape: torch.Tensor, plan: torch.Tensor, plan_w: Optional[torch.Tensor],
+                        out: torch.Tensor, head_dim: int, compress_ratio: int,
+                        is_online: bool = False) -> None:
+    """Raw compress_forward: decode when plan_w is None. Writes `out` and the state."""
+    _ops.compress_forward(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim,
+                          compress_ratio, is_online)
+
+
+def compress_norm_rope_store_op(kv: torch.Tensor, plan: torch.Tensor, norm_weight: torch.Tensor,
+                                freqs: torch.Tensor, out_loc: torch.Tensor,
+                                kvcache: torch.Tensor, is_decode: bool, compress_ratio: int,
+                                eps: float, page_size: int, store_format: str) -> None:
+    """Raw compress_norm_rope_store: freqs is fp32 [max_pos, 64] (cos, sin interleaved)."""
+    _ops.compress_norm_rope_store(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode,
+                                  compress_ratio, eps, page_size, store_format)

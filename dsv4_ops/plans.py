@@ -1,0 +1,135 @@
+"""Plan classes with the reference engine's API (SPEC 5): named tuples of
+(compress_ratio, plan tensors...) built by the planner ops. One planning step per batch
+serves every layer."""
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import ops
+
+_INVALID_COMPRESS_RECORD = (-1, 0, -1, -1)  # as int32 words (SPEC 3.1)
+_INVALID_WRITE_RECORD = (-1, -1)
+
+
+def _i64(t: torch.Tensor, device: Optional[torch.device] = None) -> torch.Tensor:
+    return t.to(device=device if device is not None else t.device, dtype=torch.int64)
+
+
+def _fill_invalid(plan: torch.Tensor, start: int, words) -> None:
+    rows = plan[start:].view(torch.int32)
+    rows.copy_(torch.tensor(words, dtype=torch.int32).expand_as(rows))
+
+
+def _copy_rows(dst: torch.Tensor, src: torch.Tensor, invalid_words) -> None:
+    """Copy `src` plan rows into `dst` (which may be a longer, padded capture buffer) and mark
+    the rows past them invalid."""
+    n = src.shape[0]
+    if n > dst.shape[0]:
+        raise ValueError(f"dsv4 plan copy_: source has {n} rows, destination only {dst.shape[0]}")
+    dst[:n].copy_(src)
+    if n < dst.shape[0]:
+        _fill_invalid(dst, n, invalid_words)
+
+
+class CompressorDecodePlan(NamedTuple):
+    compress_ratio: int
+    plan_d: torch.Tensor  # DecodePlan [B, 16] uint8
+
+    @property
+    def is_decode(self) -> bool:
+        return True
+
+    def copy_(self, other: "CompressorDecodePlan") -> None:
+        """In-place update (e.g. of a CUDA-graph's static plan) from a freshly built plan."""
+        if other.compress_ratio != self.compress_ratio:
+            raise ValueError("dsv4 CompressorDecodePlan.copy_: compress_ratio differs")
+        self.plan_d.copy_(other.plan_d)
+
+    @classmethod
+    def generate(cls, compress_ratio: int, req_pool_indices: torch.Tensor,
+                 req_to_token: torch.Tensor, full_to_state: torch.Tensor, seq_lens: torch.Tensor,
+                 swa_page_size: int, ring_size: int, use_req_ring: bool = False
+                 ) -> "CompressorDecodePlan":
+        dev = req_to_token.device
+        plan = ops.plan_decode(_i64(req_pool_indices, dev), req_to_token, full_to_state,
+                               _i64(seq_lens, dev), compress_ratio, swa_page_size, ring_size,
+                               use_req_ring)
+        return cls(compress_ratio, plan)
+
+    @classmethod
+    def generate_legacy(cls, compress_ratio: int, req_pool_indices: torch.Tensor,
+                        seq_lens: torch.Tensor) -> "CompressorDecodePlan":
+        dev = req_pool_indices.device
+        return cls(compress_ratio, ops.plan_decode_legacy(_i64(req_pool_indices), _i64(seq_lens, dev),
+                                                          compress_ratio))
+
+    @classmethod
+    def generate_online(cls, seq_lens: torch.Tensor, req_pool_indices: torch.Tensor,
+                        req_to_token: torch.Tensor, state_slot_offset: int = 0
+                        ) -> "CompressorDecodePlan":
+        dev = req_to_token.device
+        return cls(128, ops.plan_online_decode(_i64(req_pool_indices, dev), _i64(seq_lens, dev),
+                                               state_slot_offset))
+
+
+def _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph):
+    """Trim padded plans to their valid rows when that count is on the host: host lengths,
+    no CUDA-graph capture requested and not tracing (SPEC 3.3)."""
+    if use_cuda_graph or counts.device.type != "cpu" or torch.compiler.is_compiling():
+        return plan_c, plan_w
+    n_c, n_w = counts.tolist()
+    return plan_c[:n_c], plan_w[:n_w]
+
+
+class CompressorPrefillPlan(NamedTuple):
+    compress_ratio: int
+    plan_c: torch.Tensor  # CompressPlan [Nc, 16] uint8
+    plan_w: torch.Tensor  # WritePlan [Nw, 8] uint8 (online: CompressPlan [Nw, 16])
+    counts: torch.Tensor  # int32 [2]: valid rows of plan_c and plan_w
+
+    @property
+    def is_decode(self) -> bool:
+        return False
+
+    def copy_(self, other: "CompressorPrefillPlan") -> None:
+        """In-place update of a padded (CUDA-graph) plan; rows past `other`'s are invalid."""
+        if other.compress_ratio != self.compress_ratio:
+            raise ValueError("dsv4 CompressorPrefillPlan.copy_: compress_ratio differs")
+        _copy_rows(self.plan_c, other.plan_c, _INVALID_COMPRESS_RECORD)
+        w_invalid = _INVALID_WRITE_RECORD if self.plan_w.shape[1] == 8 else _INVALID_COMPRESS_RECORD
+        _copy_rows(self.plan_w, other.plan_w, w_invalid)
+        self.counts.copy_(other.counts)
+
+    @classmethod
+    def generate(cls, compress_ratio: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                 extend_lens: torch.Tensor, req_to_token: torch.Tensor,
+                 full_to_state: torch.Tensor, swa_page_size: int, ring_size: int,
+                 num_q_tokens: int, use_cuda_graph: bool = False, use_req_ring: bool = False
+                 ) -> "CompressorPrefillPlan":
+        plan_c, plan_w, counts = ops.plan_prefill(
+            _i64(req_pool_indices, req_to_token.device), _i64(seq_lens), _i64(extend_lens),
+            req_to_token, full_to_state, compress_ratio, swa_page_size, ring_size,
+            int(num_q_tokens), use_req_ring)
+        plan_c, plan_w = _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph)
+        return cls(compress_ratio, plan_c, plan_w, counts)
+
+    @classmethod
+    def generate_legacy(cls, compress_ratio: int, req_pool_indices: torch.Tensor,
+                        seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_q_tokens: int,
+                        device, use_cuda_graph: bool = False) -> "CompressorPrefillPlan":
+        plan_c, plan_w, counts = ops.plan_prefill_legacy(
+            _i64(req_pool_indices, torch.device(device)), _i64(seq_lens), _i64(extend_lens),
+            compress_ratio, int(num_q_tokens))
+        plan_c, plan_w = _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph)
+        return cls(compress_ratio, plan_c, plan_w, counts)
+
+    @classmethod
+    def generate_online(cls, seq_lens: torch.Tensor, extend_lens: torch.Tensor,
+                        req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                        num_q_tokens: int, use_cuda_graph: bool = False,
+                        state_slot_offset: int = 0) -> "CompressorPrefillPlan":
+        plan_c, plan_w, counts = ops.plan_online_prefill(
+            _i64(req_pool_indices, req_to_token.device), _i64(seq_lens), _i64(extend_lens),
+            int(num_q_tokens), state_slot_offset)
+        plan_c, plan_w = _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph)
+        return cls(128, plan_c, plan_w, counts)
