@@ -1,0 +1,30 @@
+"""Shared test fixtures. Every kernel test runs on each available device: CPU always, CUDA
+when a GPU is present (the CUDA parameter is then added, never skipped on CPU machines)."""
+import os
+
+import pytest
+import torch
+
+import dsv4_ops  # noqa: F401  (registers torch.ops.dsv4)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)
+
+
+def pytest_report_header(config):
+    return f"dsv4_ops devices: {DEVICES}; library: {dsv4_ops.ops._library.LIBRARY_PATH}"
+
+
+# Hypothesis: a fixed, CI-friendly budget unless overridden (DSV4_HYPOTHESIS_EXAMPLES).
+try:
+    from hypothesis import settings
+
+    settings.register_profile("dsv4", max_examples=int(os.environ.get("DSV4_HYPOTHESIS_EXAMPLES", "25")),
+                              deadline=None, derandomize=True)
+    settings.load_profile("dsv4")
+except ImportError:  # hypothesis is a test dependency; the property tests import it themselves
+    pass
