@@ -237,7 +237,7 @@ template <typename TS, typename TI, int kMode>
 __global__ void DSV4_COMPRESS_BOUNDS(2) c128_kernel(const Params p) {
   constexpr int kGroupThreads = kBlock / kC128Groups;  // 32 threads x 4 channels = one slice
   static_assert(kGroupThreads * kVec == kC128SliceCh, "a lane group covers one channel slice");
-  __shared__ alignas(16) float part[3][kC128Groups][kC128SliceCh];
+  alignas(16) __shared__ float part[3][kC128Groups][kC128SliceCh];
 
   pdl_wait();
   const int64_t e = blockIdx.x;

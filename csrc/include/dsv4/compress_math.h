@@ -6,6 +6,26 @@
 // kernels call the same functions in the same grouping (cr = 128: 8 groups of 16 rows, folded
 // in chunks of 8 and merged in group order), so the backends agree by construction up to the
 // last-bit differences of expf and FMA contraction.
+//
+// Decisions where the SPEC is silent (also in the family's report):
+//  * Rows at negative positions (s - win + r < 0) are absent for both ratios (SPEC states it
+//    for cr = 4; for cr = 128 it only matters for malformed records with s < 128).
+//  * Decode seq_len == 0 closes no window (out = 0); offline decode still copies the row.
+//    Online decode with seq_len == 0 carries no token: out = 0 and no state is written.
+//  * Offline decode pools "after the copy": the just-written row enters the window as its
+//    state-dtype value. The GPU takes that value from registers (the thread that copies the
+//    row's channels is the one that pools them), which equals re-reading the state whenever
+//    no two batch entries address the same slots.
+//  * Online prefill merges with the stored state at read_page_1 if >= 0, else read_page_0,
+//    literally as SPEC 3.5 says (online records carry read_page_1 = rid, the committed
+//    bank; read_page_0 = rid + state_slot_offset is where the trailing segment is stored).
+//    The stored state goes first in the merge. A segment longer than its 128-chunk is
+//    clipped to the chunk and merges nothing. Online decode reads read_page_0 and stores at
+//    write_loc.
+//  * A bf16 online state stores RNE(M), RNE(S), RNE(K) of the fp32 values (S stays relative
+//    to the fp32 M), so each stored value is within one bf16 ulp of the exact state.
+//  * Every slot / page / ragged row outside its buffer, or negative, is an absent row on
+//    read and a skipped write; a window with no present row pools to 0.
 #pragma once
 
 #include <cfloat>
