@@ -713,7 +713,7 @@ def ref_store_fn(ctx: Context, w: World, kv: torch.Tensor, store_format: str) ->
         return None
     pos, locs = w.closing_tokens()
     n = int(pos.numel())
-    if n == 0 or n * w.head_dim * 64 > ctx.ref_max_elems:
+    if n == 0 or n * w.head_dim * 16 > ctx.ref_max_elems:
         return None
     cache = torch.zeros_like(w.kvcache(store_format))
     x = kv[:n]
@@ -796,7 +796,7 @@ def env_info(device: torch.device) -> Dict[str, Any]:
                                               text=True, stderr=subprocess.DEVNULL).strip()
     except Exception:  # noqa: BLE001
         pass
-    info["DSV4_PDL"] = os.environ.get("DSV4_PDL")
+    info["DSV4_OPS_NO_PDL"] = os.environ.get("DSV4_OPS_NO_PDL")
     return info
 
 
