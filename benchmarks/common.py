@@ -260,12 +260,18 @@ class Context:
         return PREFILL_CASES[:1] if self.quick else PREFILL_CASES
 
     def ceiling_row(self) -> Dict[str, Any]:
-        c = self.copy or {}
-        t = c.get("time_us")
-        return {"case": "ceiling", "op": "device_copy", "time_us": t and t["median"], "graph_us": None,
-                "bytes": c.get("bytes"), "gbps": c.get("gbps"), "frac_copy": 1.0 if c else None,
-                "ref_us": None, "speedup_ref": None, "timing": "cold" if self.is_cuda else "cpu_wall",
-                "error": None, "family": "ceiling"}
+        return ceiling_row_of(self.copy, str(self.device))
+
+
+def ceiling_row_of(copy: Dict[str, Any], device: str) -> Optional[Dict[str, Any]]:
+    """The copy-bandwidth measurement as a table row (None without a measurement)."""
+    if not copy:
+        return None
+    t = copy.get("time_us")
+    return {"case": "ceiling", "op": "device_copy", "time_us": t and t["median"], "graph_us": None,
+            "bytes": copy.get("bytes"), "gbps": copy.get("gbps"), "frac_copy": 1.0, "ref_us": None,
+            "speedup_ref": None, "timing": "cold" if device.startswith("cuda") else "cpu_wall",
+            "error": None, "family": "ceiling"}
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -112,17 +113,132 @@ def plot_bandwidth(path: str, rows, copy_gbps: Optional[float], title: str) -> O
     return None
 
 
+def report(args, info: Dict[str, Any], copy: Dict[str, Any], rows: List[Dict[str, Any]],
+           payload: Dict[str, Any], skipped: List[str], json_path: str) -> int:
+    """Notes, results.md, bandwidth.png, final results.json and the printed table; returns
+    1 when some row failed, else 0."""
+    bad_checks = [f"{r['case']} {r['op']}: {r['check']}" for r in rows if r.get("check") not in (None, "ok")]
+    errors = [r for r in rows if r.get("error")]
+    notes = payload["notes"]
+    if skipped:
+        notes.append(f"{len(skipped)} cases skipped by the time budget: " + ", ".join(skipped[:20]))
+    notes += [f"check: {b}" for b in bad_checks]
+    notes += [f"error: {r['case']} {r['op']}: {str(r['error'])[:200]}" for r in errors]
+    ceiling = C.ceiling_row_of(copy, info.get("device", ""))
+    all_rows = ([ceiling] if ceiling else []) + rows
+    write_markdown(os.path.join(args.out, "results.md"), all_rows, info, copy, notes)
+    title = f"dsv4_ops on {info.get('gpu') or info.get('device')}"
+    perr = plot_bandwidth(os.path.join(args.out, "bandwidth.png"), rows, copy.get("gbps"), title)
+    if perr:
+        notes.append(f"plot: {perr}")
+    payload["rows"] = _clean(rows)
+    write_json(json_path, payload)
+    C.log("")
+    C.log("=" * 120)
+    gb = copy.get("gbps")
+    C.log(f"{title}: copy {gb:.0f} GB/s; {len(rows)} rows in {payload.get('run_seconds')} s" if gb else
+          f"{title}: no copy measurement; {len(rows)} rows")
+    for line in C.format_table(all_rows):
+        C.log(line)
+    for n in notes:
+        C.log(f"NOTE {n}")
+    C.log(f"wrote {json_path}, results.md, bandwidth.png under {args.out}")
+    return 1 if errors else 0
+
+
+def passthrough(args) -> List[str]:
+    out = []
+    for flag in ("quick", "smoke", "no_graph", "no_ref"):
+        if getattr(args, flag):
+            out.append("--" + flag.replace("_", "-"))
+    for opt in ("device", "only", "reps", "reps_big"):
+        v = getattr(args, opt)
+        if v is not None:
+            out += ["--" + opt.replace("_", "-"), str(v)]
+    return out
+
+
+def run_isolated(args, fams: List[str]) -> int:
+    """One child process per family (a kernel fault that kills the CUDA context then costs
+    only its own family), merged into one report. Each child measures its own copy ceiling;
+    the report's ceiling is the first one, all are kept in results.json (copy_per_family)."""
+    t0 = time.monotonic()
+    deadline = t0 + args.budget_s if args.budget_s else None
+    json_path = os.path.join(args.out, "results.json")
+    payload: Dict[str, Any] = {"env": {}, "args": vars(args), "copy": {}, "copy_per_family": {}, "rows": [],
+                               "notes": [], "family_status": {}, "bytes_model": C.__doc__}
+    rows: List[Dict[str, Any]] = []
+    skipped: List[str] = []
+    status = 0
+    for fam in fams:
+        sub = os.path.join(args.out, "families", fam)
+        cmd = [sys.executable, os.path.abspath(__file__), "--no-isolate", "--child", "--families", fam,
+               "--out", sub] + passthrough(args)
+        limit = None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left < 5:
+                payload["notes"].append(f"family {fam} not started: time budget spent")
+                payload["family_status"][fam] = "not started (budget)"
+                status = max(status, 1)
+                continue
+            cmd += ["--budget-s", f"{left:.0f}"]
+            limit = left + 40  # the budget only stops new cases; let the running one finish
+        C.log(f"[run] family {fam}: {' '.join(cmd)}")
+        try:
+            rc = subprocess.call(cmd, timeout=limit)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        sub_json = os.path.join(sub, "results.json")
+        try:
+            with open(sub_json) as f:
+                sp = json.load(f)
+        except Exception as e:  # noqa: BLE001
+            sp = None
+            payload["notes"].append(f"family {fam}: no results.json ({type(e).__name__})")
+        if sp:
+            rows += sp.get("rows", [])
+            payload["env"] = payload["env"] or sp.get("env", {})
+            if sp.get("copy"):
+                payload["copy_per_family"][fam] = sp["copy"]
+                payload["copy"] = payload["copy"] or sp["copy"]
+            payload["notes"] += [f"{fam}: {n}" for n in sp.get("notes", [])]
+            skipped += sp.get("skipped_for_time", [])
+        payload["family_status"][fam] = rc
+        if rc != 0:
+            payload["notes"].append(f"family {fam} exited with {rc}")
+            status = max(status, 3 if rc == 3 else (2 if rc == 2 else 1))
+        payload["rows"] = _clean(rows)
+        write_json(json_path, payload)
+    payload["run_seconds"] = round(time.monotonic() - t0, 1)
+    payload["skipped_for_time"] = skipped
+    info = payload["env"] or {"device": args.device or "?"}
+    rc = report(args, info, payload["copy"], rows, payload, skipped, json_path)
+    return max(status, rc)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     C.add_common_args(ap)
     ap.add_argument("--out", default=os.environ.get("DSV4_BENCH_OUT", "bench_out"))
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma list of " + ",".join(FAMILIES))
+    ap.add_argument("--isolate", dest="isolate", action="store_true", default=None,
+                    help="one process per family (default on CUDA)")
+    ap.add_argument("--no-isolate", dest="isolate", action="store_false")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     fams = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in fams if f not in FAMILIES]
     if unknown:
         ap.error(f"unknown families {unknown}")
+    if args.isolate is None:
+        import torch
+
+        dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        args.isolate = dev.startswith("cuda")
+    if args.isolate and len(fams) > 1:
+        return run_isolated(args, fams)
 
     ctx = C.context_from_args(args)
     info = C.env_info(ctx.device)
@@ -169,34 +285,10 @@ def main(argv=None) -> int:
             payload["skipped_for_time"] = ctx.skipped_for_time
             write_json(json_path, payload)
     payload["run_seconds"] = round(time.monotonic() - t0, 1)
-
-    bad_checks = [f"{r['case']} {r['op']}: {r['check']}" for r in rows if r.get("check") not in (None, "ok")]
-    errors = [r for r in rows if r.get("error")]
-    notes = payload["notes"]
-    if ctx.skipped_for_time:
-        notes.append(f"{len(ctx.skipped_for_time)} cases skipped by the time budget: "
-                     + ", ".join(ctx.skipped_for_time[:20]))
-    notes += [f"check: {b}" for b in bad_checks]
-    notes += [f"error: {r['case']} {r['op']}: {str(r['error'])[:200]}" for r in errors]
-    all_rows = [ctx.ceiling_row()] + rows
-    write_markdown(os.path.join(args.out, "results.md"), all_rows, info, ctx.copy, notes)
-    title = f"dsv4_ops on {info.get('gpu') or info.get('device')}"
-    perr = plot_bandwidth(os.path.join(args.out, "bandwidth.png"), rows, ctx.copy_gbps, title)
-    if perr:
-        notes.append(f"plot: {perr}")
-    write_json(json_path, payload)
-
-    C.log("")
-    C.log("=" * 120)
-    C.log(f"{title}: copy {ctx.copy_gbps:.0f} GB/s; {len(rows)} rows in {payload['run_seconds']} s")
-    for line in C.format_table(all_rows):
-        C.log(line)
-    for n in notes:
-        C.log(f"NOTE {n}")
-    C.log(f"wrote {json_path}, results.md, bandwidth.png under {args.out}")
-    if errors and status == 0:
-        status = 1
-    return status
+    if args.child:  # the parent merges and reports
+        return status or (1 if any(r.get("error") for r in rows) else 0)
+    rc = report(args, info, ctx.copy, rows, payload, ctx.skipped_for_time, json_path)
+    return max(status, rc)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ stage_test() {
 }
 
 stage_bench() {
-  local budget=$(( STAGE_TIMEOUT - 45 ))
+  local budget=$(( STAGE_TIMEOUT - 90 ))
   [ "$budget" -lt 30 ] && budget=30
   # shellcheck disable=SC2086
   "$PY" benchmarks/run.py --out "$WORK/bench" --budget-s "$budget" $BENCH_ARGS
