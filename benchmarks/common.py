@@ -368,6 +368,9 @@ def measure(ctx: Context, case: str, op: str, fn: Callable[[], Any], nbytes: Opt
     return row
 
 
+_TRACEBACKS = [0]
+
+
 def run_cases(ctx: Context, cases: Iterable[Tuple[str, Callable[[], List[Dict[str, Any]]]]],
               family: str) -> List[Dict[str, Any]]:
     """Run (name, thunk) cases that pass --only and the time budget; a failing case becomes
@@ -387,8 +390,10 @@ def run_cases(ctx: Context, cases: Iterable[Tuple[str, Callable[[], List[Dict[st
             raise
         except Exception as e:  # noqa: BLE001
             msg = f"{type(e).__name__}: {str(e)[:500]}"
-            log(f"{name}: FAILED {msg}")
-            traceback.print_exc()
+            log(f"{name}: FAILED {msg[:300]}")
+            _TRACEBACKS[0] += 1
+            if _TRACEBACKS[0] <= 3:  # the first few in full; the rest are usually the same
+                traceback.print_exc()
             rows.append({"case": name, "op": family, "family": family, "time_us": None, "graph_us": None, "bytes": None,
                          "gbps": None, "frac_copy": None, "ref_us": None, "speedup_ref": None,
                          "timing": None, "error": msg})
