@@ -40,7 +40,7 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
   }
   const Params p = pass_params(base, plan, true);
   if (cs.cr == 4) {
-    const int64_t per_block = kBlock / (cs.hd / kVec);
+    const int64_t per_block = kBlock / c4_event_threads(cs.hd);
     const dim3 grid(grid_1d((p.num_records + per_block - 1) / per_block));
     if (cs.decode)
       launch_kernel(c4_kernel<TS, TI, true>, grid, block, 0, stream, pdl, p);

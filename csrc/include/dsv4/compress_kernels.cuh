@@ -34,6 +34,15 @@ constexpr int kBlock = 256;
 
 enum : int { kModePrefill = 0, kModeDecode = 1, kModeOnline = 2 };
 
+// Resident blocks per multiprocessor the pooling kernels are compiled for (register budget):
+// tuning knobs, measured on the H200 (benchmarks/).
+#ifndef DSV4_C4_MIN_BLOCKS
+#define DSV4_C4_MIN_BLOCKS 3
+#endif
+#ifndef DSV4_C128_MIN_BLOCKS
+#define DSV4_C128_MIN_BLOCKS 3
+#endif
+
 #if defined(DSV4_HIP)
 #define DSV4_COMPRESS_BOUNDS(min_blocks) __launch_bounds__(kBlock)
 #else
@@ -146,16 +155,26 @@ DSV4_DEVICE void fold_rows(SoftmaxState (&acc)[4], const float (&z)[U][4], const
 // Prefill (kDecode false): plan = CompressPlan rows, pool each window into out[e].
 // Decode (kDecode true): plan = DecodePlan rows; copy input row e into write_loc and pool the
 // window from the state, the just-written row entering as its state-dtype value (taken from
-// registers: the thread that copies channels c..c+3 of the row is the one that pools them).
+// registers: the thread that copies channels c..c+3 of a quarter is one that pools them).
+//
+// The 8 window rows are split between the two halves of each 32-lane group: lanes 0..15 fold
+// rows 0..3 (previous window, overlap quarters), lanes 16..31 rows 4..7 (current window) of
+// the same 16 channel groups, and one xor-16 exchange merges the two partial softmax states.
+// Half the registers of a whole-window thread, so twice the resident warps keep more loads in
+// flight (the kernel is latency-bound otherwise). A lane group never spans two events.
+DSV4_HD constexpr int c4_event_threads(int hd) { return 2 * hd / kVec; }  // 64 (hd 128) / 256 (hd 512)
+
 template <typename TS, typename TI, bool kDecode>
-__global__ void DSV4_COMPRESS_BOUNDS(2) c4_kernel(const Params p) {
+__global__ void DSV4_COMPRESS_BOUNDS(DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
   pdl_wait();
   const int hd = p.hd;
-  const int lanes = hd / kVec;
-  const int per_block = kBlock / lanes;
-  const int64_t e = int64_t(blockIdx.x) * per_block + threadIdx.x / lanes;
-  const int c = int(threadIdx.x % lanes) * kVec;
-  if (e >= p.num_records) return;
+  const int lanes = hd / kVec;                       // channel groups of one event
+  const int t = int(threadIdx.x);
+  const int half = (t / 16) & 1;                     // 0: rows 0..3, 1: rows 4..7
+  const int cg = (t / kLaneGroup) * 16 + (t % 16);   // channel group within the block
+  const int64_t e = int64_t(blockIdx.x) * (kBlock / c4_event_threads(hd)) + cg / lanes;
+  const int c = (cg % lanes) * kVec;
+  const bool active = e < p.num_records;             // uniform per lane group
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
@@ -164,63 +183,77 @@ __global__ void DSV4_COMPRESS_BOUNDS(2) c4_kernel(const Params p) {
   WindowDesc d{};
   int64_t wl = -1;
   bool copy = false;
-  float cp[4][4];  // decode: input row e, quarters 0..3 at channels c..c+3, state-rounded
-  if constexpr (kDecode) {
-    const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
-    d = offline_decode_window(rec, 4);
-    wl = rec.write_loc;
-    copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
-    if (copy) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        load4(in + e * row + q * int64_t(hd) + c, cp[q]);
-        round4<TS>(cp[q]);
+  float cp_kv[4], cp_sc[4];  // decode: quarters `half` and `half + 2` of input row e, state-rounded
+  if (active) {
+    if constexpr (kDecode) {
+      const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
+      d = offline_decode_window(rec, 4);
+      wl = rec.write_loc;
+      copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
+      if (copy) {
+        load4(in + e * row + half * int64_t(hd) + c, cp_kv);
+        load4(in + e * row + (half + 2) * int64_t(hd) + c, cp_sc);
+        round4<TS>(cp_kv);
+        round4<TS>(cp_sc);
       }
+    } else {
+      const CompressPlan rec = reinterpret_cast<const CompressPlan*>(p.plan)[e];
+      d = offline_prefill_window(rec, 4);
     }
-  } else {
-    const CompressPlan rec = reinterpret_cast<const CompressPlan*>(p.plan)[e];
-    d = offline_prefill_window(rec, 4);
   }
 
-  float z[8][4], kv[8][4];
-  bool present[8];
+  float z[4][4], kv[4][4];
+  bool present[4];
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const RowSource s = row_source(d, 4, r, p.num_state_rows, p.num_in_rows);
-    present[r] = s.kind != kAbsent;
+  for (int u = 0; u < 4; ++u) {
+    const int r = half * 4 + u;
+    const RowSource s = active ? row_source(d, 4, r, p.num_state_rows, p.num_in_rows)
+                               : RowSource{kAbsent, -1};
+    present[u] = s.kind != kAbsent;
     if (kDecode && copy && s.kind == kFromState && s.index == wl) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        kv[r][j] = cp[r < 4 ? 0 : 1][j];
-        z[r][j] = cp[r < 4 ? 2 : 3][j];
+        kv[u][j] = cp_kv[j];
+        z[u][j] = cp_sc[j];
       }
     } else {
-      load_row(st, in, row, row, s, kv_offset(4, hd, r) + c, score_offset(4, hd, r) + c, kv[r],
-               z[r]);
+      load_row(st, in, row, row, s, kv_offset(4, hd, r) + c, score_offset(4, hd, r) + c, kv[u],
+               z[u]);
     }
   }
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
+  for (int u = 0; u < 4; ++u) {
     float a[4];
-    load_ape4(p.ape, p.ape_type, int64_t(r) * hd + c, a);
+    load_ape4(p.ape, p.ape_type, int64_t(half * 4 + u) * hd + c, a);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) z[r][j] += a[j];
+    for (int j = 0; j < 4; ++j) z[u][j] += a[j];
   }
   pdl_trigger();
 
   SoftmaxState acc[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) acc[j] = softmax_empty();
-  fold_rows<8>(acc, z, kv, present);
+  fold_rows<4>(acc, z, kv, present);
   float res[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) res[j] = softmax_value(acc[j]);
-  store_out4(p.out, p.out_type, e * hd + c, res);
+  for (int j = 0; j < 4; ++j) {
+    const SoftmaxState other{shfl_xor(acc[j].m, 16), shfl_xor(acc[j].s, 16), shfl_xor(acc[j].a, 16)};
+    if (half == 0) {
+      softmax_merge(acc[j], other);
+    } else {  // same merge order in both halves, so both hold the same bits
+      SoftmaxState mine = other;
+      softmax_merge(mine, acc[j]);
+      acc[j] = mine;
+    }
+    res[j] = softmax_value(acc[j]);
+  }
+  if (!active) return;
+  if (half == 0) store_out4(p.out, p.out_type, e * hd + c, res);
 
   if constexpr (kDecode) {
     if (copy) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) store4(st + wl * row + q * int64_t(hd) + c, cp[q]);
+      store4(st + wl * row + half * int64_t(hd) + c, cp_kv);
+      store4(st + wl * row + (half + 2) * int64_t(hd) + c, cp_sc);
     }
   }
 }
@@ -234,7 +267,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(2) c4_kernel(const Params p) {
 //   segment does not start its chunk; p.online_store == 0: out[e] = K, else store (M, S, K)
 //   at read_page_0 (p.out is null).
 template <typename TS, typename TI, int kMode>
-__global__ void DSV4_COMPRESS_BOUNDS(2) c128_kernel(const Params p) {
+__global__ void DSV4_COMPRESS_BOUNDS(DSV4_C128_MIN_BLOCKS) c128_kernel(const Params p) {
   constexpr int kGroupThreads = kBlock / kC128Groups;  // 32 threads x 4 channels = one slice
   static_assert(kGroupThreads * kVec == kC128SliceCh, "a lane group covers one channel slice");
   alignas(16) __shared__ float part[3][kC128Groups][kC128SliceCh];

@@ -78,7 +78,12 @@ DSV4_HD float round_to(const uint16_t*, float v) { return round_to_bf16(v); }
 // ---- geometry ---------------------------------------------------------------------------------
 
 constexpr int kVec = 4;             // channels per GPU thread (16-byte fp32 / 8-byte bf16 loads)
-constexpr int kChunk = 8;           // rows folded per softmax rescale
+// Rows folded per softmax rescale (a tuning knob: more rows = more loads in flight per thread
+// but more registers).
+#ifndef DSV4_COMPRESS_CHUNK
+#define DSV4_COMPRESS_CHUNK 4
+#endif
+constexpr int kChunk = DSV4_COMPRESS_CHUNK;
 constexpr int kC128Groups = 8;      // cr = 128: row groups of one window (merged at the end)
 constexpr int kC128GroupRows = 16;  // rows per group
 constexpr int kC128SliceCh = 128;   // cr = 128 GPU: channels per block (hd / 128 blocks)
