@@ -11,9 +11,11 @@
 from . import ops
 from .compressor import compress_forward, compress_norm_rope_store, store_format_of
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
+from .validate import set_debug, validate_compress, validate_store
 
 __all__ = [
     "ops", "CompressorDecodePlan", "CompressorPrefillPlan", "compress_forward",
-    "compress_norm_rope_store", "store_format_of",
+    "compress_norm_rope_store", "store_format_of", "set_debug", "validate_compress",
+    "validate_store",
 ]
 __version__ = "0.1.0"

@@ -4,7 +4,7 @@ from typing import Optional, Union
 
 import torch
 
-from . import ops
+from . import ops, validate
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 
 Plan = Union[CompressorDecodePlan, CompressorPrefillPlan]
@@ -23,6 +23,8 @@ def compress_forward(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor
         raise ValueError(f"dsv4.compress_forward: compress_ratio={compress_ratio} but the plan "
                          f"was built for {plan.compress_ratio}")
     rows, plan_w = (plan[1], None) if plan.is_decode else (plan[1], plan[2])
+    if validate.debug_enabled():
+        validate.validate_compress(plan, kv_score_buffer, kv_score_input, is_online)
     if out is None:
         out = kv_score_input.new_empty((rows.shape[0], head_dim))
     ops.compress_forward_op(kv_score_buffer, kv_score_input, ape, rows, plan_w, out, head_dim,
@@ -60,6 +62,8 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch
     if kv.dim() != 2:
         raise ValueError(f"dsv4.compress_norm_rope_store: kv must be 2-D [N, head_dim], got {tuple(kv.shape)}")
     fmt = store_format_of(kv.shape[1], use_fp4, bf16_store)
+    if validate.debug_enabled():
+        validate.validate_store(plan, out_loc, kvcache, page_size, freq_cis.shape[0])
     ops.compress_norm_rope_store_op(kv, plan[1], norm_weight, freqs_as_real(freq_cis), out_loc,
                                     kvcache, plan.is_decode, plan.compress_ratio, float(norm_eps),
                                     int(page_size), fmt)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Compile check of the CUDA kernels on a machine without a GPU (CI): builds the extension
+# for sm_90 against torch 2.14.1+cu130 with nvcc 13.0, loads it, and checks that every
+# dsv4 op has a CUDA kernel registered. A broken CUDA build fails this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${DSV4_CU_VENV:-.venv-cu130}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.14.1 setuptools wheel ninja numpy
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# The minimal toolkit lacks the cuBLAS/cuSPARSE headers that torch's CUDA headers include;
+# the cu130 torch wheel ships them.
+NV_INC=$("$VENV/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))')
+export CPATH="$NV_INC${CPATH:+:$CPATH}"
+OUT=build/cuda-check
+rm -rf "$OUT/lib"
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} DSV4_OPS_FORCE_GPU=1 MAX_JOBS=${MAX_JOBS:-2} \
+  "$VENV/bin/python" setup.py -q build_ext -b "$OUT/lib" -t "$OUT/tmp"
+"$VENV/bin/python" - "$OUT/lib" <<'PY'
+import glob, sys
+import torch
+lib = glob.glob(f"{sys.argv[1]}/dsv4_ops/_C*.so")
+assert lib, "no library built"
+torch.ops.load_library(lib[0])
+ops = ["plan_decode", "plan_decode_legacy", "plan_online_decode", "plan_prefill",
+       "plan_prefill_legacy", "plan_online_prefill", "compress_forward", "compress_norm_rope_store"]
+missing = [(op, key) for op in ops for key in ("CPU", "CUDA")
+           if not torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{op}", key)]
+if missing:
+    sys.exit(f"check_cuda_build: ops without a kernel: {missing}")
+print(f"check_cuda_build: {lib[0]} has CPU and CUDA kernels for all {len(ops)} ops (sm_90, torch {torch.__version__})")
+PY

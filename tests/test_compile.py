@@ -1,0 +1,76 @@
+"""torch.compile(fullgraph=True) of a whole compressor step (plan, compress_forward,
+compress_norm_rope_store) gives the same outputs, state and cache bytes as eager, with static
+and dynamic shapes. (CUDA-graph variants run in tests/test_cuda_graph.py.)"""
+import pytest
+import torch
+
+import dsv4_ops
+
+from op_samples import decode_world, make_world
+
+SPS = 64
+
+
+def decode_step(state, kv_in, ape, rid, r2t, f2s, seq_lens, norm_w, freqs, out_loc, cache,
+                cr: int, hd: int, ring: int, page_size: int, fmt_fp4: bool):
+    plan = dsv4_ops.CompressorDecodePlan.generate(cr, rid, r2t, f2s, seq_lens, SPS, ring)
+    kv = dsv4_ops.compress_forward(state, kv_in, ape, plan, head_dim=hd, compress_ratio=cr)
+    dsv4_ops.compress_norm_rope_store(kv, plan, norm_weight=norm_w, norm_eps=1e-6, freq_cis=freqs,
+                                      out_loc=out_loc, kvcache=cache, page_size=page_size,
+                                      use_fp4=fmt_fp4)
+    return kv
+
+
+def prefill_step(state, kv_in, ape, rid, r2t, f2s, seq_lens, ext_lens, norm_w, freqs, out_loc,
+                 cache, cr: int, hd: int, ring: int, page_size: int, num_q: int):
+    plan = dsv4_ops.CompressorPrefillPlan.generate(cr, rid, seq_lens, ext_lens, r2t, f2s, SPS, ring,
+                                                   num_q, use_cuda_graph=True)
+    kv = dsv4_ops.compress_forward(state, kv_in, ape, plan, head_dim=hd, compress_ratio=cr)
+    dsv4_ops.compress_norm_rope_store(kv, plan, norm_weight=norm_w, norm_eps=1e-6, freq_cis=freqs,
+                                      out_loc=out_loc, kvcache=cache, page_size=page_size)
+    return kv
+
+
+def _run_both(fn, args, mutated, dynamic):
+    """Run fn eagerly and compiled on separate copies of the mutated arguments."""
+    eager_args = [a.clone() if i in mutated else a for i, a in enumerate(args)]
+    comp_args = [a.clone() if i in mutated else a for i, a in enumerate(args)]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
+    return fn(*eager_args), compiled(*comp_args), eager_args, comp_args
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("cr,hd,fp4", [(4, 128, True), (4, 128, False), (128, 512, False)])
+def test_compiled_decode_step_equals_eager(device, dynamic, cr, hd, fp4):
+    w = decode_world(device, compress_ratio=cr, head_dim=hd)
+    fmt = dsv4_ops.store_format_of(hd, use_fp4=fp4)
+    cache = w.kvcache(fmt)
+    args = [w.state, w.kv_in, w.ape, w.rid, w.req_to_token, w.full_to_state, w.seq_lens,
+            w.norm_weight, w.freqs, w.out_loc(2), cache]
+    fn = lambda *a: decode_step(*a, cr=cr, hd=hd, ring=w.ring, page_size=w.cache_page_size,  # noqa: E731
+                                fmt_fp4=fp4)
+    kv_e, kv_c, ea, ca = _run_both(fn, args, mutated={0, 10}, dynamic=dynamic)
+    assert torch.equal(kv_e, kv_c)
+    assert torch.equal(ea[0], ca[0]), "state buffer differs"
+    assert torch.equal(ea[10], ca[10]), "cache bytes differ"
+    assert bool((ea[10] != 0).any()), "the step stored nothing: the test would prove nothing"
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("cr,hd", [(4, 512), (128, 512)])
+def test_compiled_prefill_step_equals_eager(device, dynamic, cr, hd):
+    w = make_world(device, compress_ratio=cr, head_dim=hd)
+    cache = w.kvcache("fp8_ds_mla", pages=64)
+    num_q = w.num_q + 5  # padded, as under CUDA-graph capture
+    kv_in = torch.cat([w.kv_in, torch.zeros_like(w.kv_in[:5])])
+    out_loc = torch.arange(num_q, dtype=torch.int64, device=w.device)
+    args = [w.state, kv_in, w.ape, w.rid, w.req_to_token, w.full_to_state, w.seq_lens,
+            w.extend_lens, w.norm_weight, w.freqs, out_loc, cache]
+    fn = lambda *a: prefill_step(*a, cr=cr, hd=hd, ring=w.ring, page_size=w.cache_page_size,  # noqa: E731
+                                 num_q=num_q)
+    kv_e, kv_c, ea, ca = _run_both(fn, args, mutated={0, 11}, dynamic=dynamic)
+    assert torch.equal(kv_e, kv_c)
+    assert torch.equal(ea[0], ca[0]), "state buffer differs"
+    assert torch.equal(ea[11], ca[11]), "cache bytes differ"
+    assert bool((ea[11] != 0).any())
