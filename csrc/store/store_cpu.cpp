@@ -95,7 +95,7 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
         scales[grp] = e;
       }
       for (int d = kDsMlaNopeDim; d < hd; ++d) put_u16(data + 2 * d - kDsMlaNopeDim, f32_to_bf16(y[d]));
-      scales[7] = 0;  // unused byte of the format, written as 0 (as on the GPU)
+      // scales[7] is unused by the format and left untouched (as on the GPU)
       break;
     }
     case kStoreBf16:

@@ -224,9 +224,8 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
         const uint32_t lo = uint32_t(f32_to_bf16(y[j][0])) | (uint32_t(f32_to_bf16(y[j][1])) << 16);
         const uint32_t hi = uint32_t(f32_to_bf16(y[j][2])) | (uint32_t(f32_to_bf16(y[j][3])) << 16);
         store_u64(data + 2 * lane_dim(j, lane, 0) - kDsMlaNopeDim, lo, hi, a.vec_out);
-        // Scale byte 7 is unused by the format; it is written as 0 so that a slot's 584
-        // bytes depend only on the token (same rule in the CPU kernel).
-        if (lane == 16) scales[7] = 0;
+        // Scale byte 7 is unused by the format and left untouched (as by the CPU kernel and
+        // dsv4_ops.reference.store): a store writes exactly 576 + 7 bytes per token.
       }
     }
   } else if constexpr (kFormat == kStoreBf16) {

@@ -44,7 +44,8 @@ DSV4_HD constexpr int store_head_dim(int fmt) {
 DSV4_HD constexpr int64_t store_data_bytes(int fmt) {
   return fmt == kStoreFp8DsMla ? 576 : fmt == kStoreBf16 ? 1024 : fmt == kStoreFp8Indexer ? 128 : 64;
 }
-// Bytes of one token's scales (0: none). fp8_ds_mla: 7 UE8M0 bytes + 1 unused byte.
+// Bytes between consecutive tokens' scales (0: none). fp8_ds_mla: 7 UE8M0 bytes + 1 unused
+// byte, which the store never writes.
 DSV4_HD constexpr int64_t store_scale_bytes(int fmt) {
   return fmt == kStoreFp8DsMla ? 8 : fmt == kStoreBf16 ? 0 : 4;
 }
