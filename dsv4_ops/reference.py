@@ -111,7 +111,7 @@ def norm_rope(x: torch.Tensor, positions: torch.Tensor, norm_weight: torch.Tenso
     y[:, hd - ROPE_DIM::2] = re * cos - im * sin
     y[:, hd - ROPE_DIM + 1::2] = re * sin + im * cos
     if hd == 128:
-        y = y @ hadamard_matrix(128) / 128 ** 0.5
+        y = y @ hadamard_matrix(128).to(y.device) / 128 ** 0.5
     return y.to(torch.float32)
 
 

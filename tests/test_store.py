@@ -782,7 +782,10 @@ def _good_args(fmt="fp8_ds_mla"):
 
 
 def _call(device, a):
-    t = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
+    # Moving a view to another device would make it contiguous: keep each tensor's strides.
+    t = {k: (v if not isinstance(v, torch.Tensor) or v.device == device
+             else torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device).copy_(v))
+         for k, v in a.items()}
     torch.ops.dsv4.compress_norm_rope_store(t["kv"], t["plan"], t["norm_weight"], t["freqs"], t["out_loc"],
                                             t["kvcache"], t["is_decode"], t["compress_ratio"], t["eps"],
                                             t["page_size"], t["store_format"])
