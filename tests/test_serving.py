@@ -90,6 +90,19 @@ def test_prefill_then_decode_crossing_windows(device):
     assert closed == 3 + 2          # a: 256, 384, 512; b: 128, 256
 
 
+@pytest.mark.parametrize("c4_addr", ["swa_paged", "req_ring", "legacy"])
+def test_decode_from_the_first_token(device, c4_addr):
+    """Decode-only requests: the first cr=4 window (s = 4, no previous window) and the next
+    ones close by decode; a request that prefilled 1..3 tokens joins the batch."""
+    sim = make_sim(device, [idx(addressing=c4_addr), c4_main(addressing=c4_addr)],
+                   max_context=64)
+    a, b, c = (sim.add_request() for _ in range(3))
+    step(sim, [(b, 1), (c, 3)])
+    for _ in range(10):
+        res = step(sim, [(a, 1), (b, 1), (c, 1)], "decode")
+    assert res.kind == "decode" and (a.seq_len, b.seq_len, c.seq_len) == (10, 11, 13)
+
+
 @pytest.mark.parametrize("prefix", [6, 120, 257])
 def test_extend_after_unaligned_prefix(device, prefix):
     sim = make_sim(device, max_context=768)
