@@ -4,8 +4,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _fake  # noqa: F401  (registers the fake implementations)
 from . import _library  # noqa: F401  (loads the operator library)
+from . import _fake  # noqa: F401  (registers the fake implementations)
 
 _ops = torch.ops.dsv4
 

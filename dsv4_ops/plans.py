@@ -17,7 +17,7 @@ def _i64(t: torch.Tensor, device: Optional[torch.device] = None) -> torch.Tensor
 
 def _fill_invalid(plan: torch.Tensor, start: int, words) -> None:
     rows = plan[start:].view(torch.int32)
-    rows.copy_(torch.tensor(words, dtype=torch.int32).expand_as(rows))
+    rows.copy_(torch.tensor(words, dtype=torch.int32, device=plan.device).expand_as(rows))
 
 
 def _copy_rows(dst: torch.Tensor, src: torch.Tensor, invalid_words) -> None:

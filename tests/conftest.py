@@ -12,7 +12,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.fixture(params=DEVICES)
 def device(request) -> torch.device:
-    return torch.device(request.param)
+    # An indexed CUDA device, so that `tensor.device == device` holds for tensors made on it.
+    return torch.device("cuda", 0) if request.param == "cuda" else torch.device("cpu")
 
 
 def pytest_report_header(config):

@@ -29,10 +29,11 @@ DSV4_HD float bits_f32(uint32_t u) {
 // bf16 <-> fp32; bf16 values travel as their uint16_t bits.
 DSV4_HD float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
 
-// Round to nearest even; NaN stays NaN (quiet).
+// Round to nearest even. Every NaN becomes the canonical quiet NaN 0x7fc0 (as torch's own
+// conversion does), so backends whose arithmetic yields NaNs of different sign agree.
 DSV4_HD uint16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t(0x7fc0);
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
@@ -55,15 +56,19 @@ DSV4_HD uint8_t ue8m0_ceil(float v) {
   return uint8_t(e + (m != 0 ? 1u : 0u));
 }
 
-// 2^(127 - e) as an exact fp32, e in [1, 254] (inverse of the UE8M0 scale).
-DSV4_HD float ue8m0_inv_scale(uint8_t e) { return bits_f32(uint32_t(254 - e) << 23); }
+// 2^(127 - e) as an exact fp32 (inverse of the UE8M0 scale). Normal for e <= 253; e = 254
+// and 255 (only reachable from an infinite amax) give the subnormals 2^-127 and 2^-128
+// instead of the zero / -inf that the plain exponent shift would produce.
+DSV4_HD float ue8m0_inv_scale(uint8_t e) {
+  return e <= 253 ? bits_f32(uint32_t(254 - e) << 23) : bits_f32(0x00400000u >> (e - 254));
+}
 
 // fp32 -> e4m3fn with saturation to +-448 and round-to-nearest-even.
 DSV4_HD uint8_t f32_to_e4m3_satfinite(float x) {
   uint32_t u = f32_bits(x);
   uint8_t sign = uint8_t((u >> 24) & 0x80u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint8_t(sign | 0x7f);  // NaN
+  if (a > 0x7f800000u) return uint8_t(0x7f);  // NaN: canonical, positive (see f32_to_bf16)
   float ax = bits_f32(a);
   if (ax >= 448.0f) return uint8_t(sign | 0x7e);      // satfinite
   if (ax <= 0.0009765625f) return sign;  // <= 2^-10, half the smallest subnormal: ties to 0

@@ -1,0 +1,6 @@
+"""dsv4_ops benchmarks: timing helpers, case builders and one script per op family.
+
+    python benchmarks/run.py [--quick] [--only REGEX] [--out DIR]      # everything
+    python benchmarks/bench_compress.py --quick                       # one family
+    PYTHONPATH=.peer/stubs:/tmp/site python benchmarks/peer_compare.py # vs the reference engine
+"""

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""compress_norm_rope_store benchmarks (SPEC 4) and the decode step (compress + store).
+
+store: the compressed tokens of the compress cases, per cache format:
+  fp8_ds_mla (main hd512, cr 4 and cr 128), bf16 (main hd512 cr 4), fp8_indexer and
+  fp4_indexer (indexer hd128 cr 4); decode batch 1/8/64/256/1024 with every request closing a
+  window ("bnd"; plus "rand" at the largest batch: mostly inactive rows, which must write
+  nothing) and prefill 8x4096, 1x32768, 4x(2000+2048). The kv input is random fp32 [N, hd].
+  Speed-up column: dsv4_ops.reference.store (float64 norm/rope, torch's own fp8/bf16
+  conversions, index scatter) of the same tokens.
+step: one decode step of one request, compress_forward then compress_norm_rope_store, for
+  every combo and format (and the online cr128 state), closing a window ("bnd") or not
+  ("open"); the CUDA-graph replay time is the figure of merit (a serving engine replays
+  decode steps from graphs).
+
+    python benchmarks/bench_store.py [--quick] [--device cuda|cpu] [--only REGEX]
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Dict, List, Tuple
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from benchmarks import common as C
+from benchmarks.bench_compress import compress_fn, decode_bytes, decode_plan, prefill_plan
+
+FAMILY = "store"
+STEP_FAMILY = "step"
+# (store format, head_dim, ratio)
+STORE_CASES = [("fp8_ds_mla", 512, 4), ("fp8_ds_mla", 512, 128), ("bf16", 512, 4),
+               ("fp8_indexer", 128, 4), ("fp4_indexer", 128, 4)]
+# token data bytes at the start of a page (SPEC 4), scales follow
+STORE_DATA_BYTES = {"fp8_ds_mla": 576, "bf16": 1024, "fp8_indexer": 128, "fp4_indexer": 64}
+# (label, head_dim, ratio, store format, online)
+STEP_CASES = [("main", 512, 4, "fp8_ds_mla", False), ("main", 512, 4, "bf16", False),
+              ("main", 512, 128, "fp8_ds_mla", False), ("indexer", 128, 4, "fp8_indexer", False),
+              ("indexer", 128, 4, "fp4_indexer", False), ("online", 512, 128, "fp8_ds_mla", True)]
+
+
+def store_fn(w: C.World, kv: torch.Tensor, plan, store_format: str) -> Callable[[], Any]:
+    import dsv4_ops
+
+    cache = w.kvcache(store_format)
+    flags = C.store_flags(store_format)
+    return lambda: dsv4_ops.compress_norm_rope_store(
+        kv, plan, norm_weight=w.norm_w, norm_eps=C.NORM_EPS, freq_cis=w.freqs, out_loc=w.out_loc,
+        kvcache=cache, page_size=w.kv_page_size, **flags)
+
+
+def written_slots(w: C.World, store_format: str) -> int:
+    """Cache slots whose token data is not all zero (the cache starts zeroed)."""
+    cache = w.kvcache(store_format)
+    per_tok = STORE_DATA_BYTES[store_format]
+    ps = w.kv_page_size
+    view = cache[:, : ps * per_tok].reshape(cache.shape[0], ps, per_tok)
+    return int((view != 0).any(dim=-1).sum())
+
+
+def _store_case(ctx, name, fmt, hd, ratio, reqs, decode: bool) -> List[Dict[str, Any]]:
+    w = C.World(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device, seed=C.case_seed(name), fill=False)
+    plan = decode_plan(w) if decode else prefill_plan(w)
+    n_rows = plan[1].shape[0]
+    kv = torch.randn(n_rows, hd, device=w.device, generator=torch.Generator(device=w.device).manual_seed(7))
+    n_tok = w.decode_closing() if decode else w.prefill_counts()["n_c"]
+    fn = store_fn(w, kv, plan, fmt)
+    fn()
+    got = written_slots(w, fmt)
+    check = "ok" if got == n_tok else f"slots written {got} != {n_tok}"
+    ref = C.ref_store_fn(ctx, w, kv, fmt)
+    op = "store_decode" if decode else "store_prefill"
+    return [C.measure(ctx, name, op, fn, C.bytes_store(w, n_tok, n_rows, fmt), big=w.num_q >= 4096,
+                      ref_fn=ref, bs=w.bs, n_compressed=n_tok, store_format=fmt, check=check)]
+
+
+def store_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]]:
+    out = []
+    big_bs = ctx.decode_bs()[-1]
+    for fmt, hd, r in STORE_CASES:
+        tag = f"{fmt}_c{r}"
+        for bs in ctx.decode_bs():
+            for pat in ("bnd", "rand"):
+                if pat == "rand" and bs != big_bs:
+                    continue
+                name = f"{tag}/dec_bs{bs}_{pat}"
+                seqs = C.decode_lengths(bs, pat, r, C.case_seed(name))
+                out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=[(s, 1) for s in seqs]:
+                            _store_case(ctx, n, f, hd, r, q, True)))
+        for pname, reqs in ctx.prefill_cases():
+            name = f"{tag}/{pname}"
+            out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=reqs: _store_case(ctx, n, f, hd, r, q, False)))
+    return out
+
+
+def _step_case(ctx, name, hd, ratio, fmt, online, pattern) -> List[Dict[str, Any]]:
+    seqs = C.decode_lengths(1, pattern, ratio, C.case_seed(name))
+    w = C.World(ratio=ratio, head_dim=hd, reqs=[(s, 1) for s in seqs], device=ctx.device,
+                seed=C.case_seed(name), online=online)
+    plan = decode_plan(w)
+    out = torch.empty(w.bs, hd, dtype=w.input_dtype, device=w.device)
+    comp = compress_fn(w, plan, out)
+    st = store_fn(w, out, plan, fmt)
+
+    def step():
+        comp()
+        st()
+
+    nb_c, extra = decode_bytes(w)
+    nbytes = nb_c + C.bytes_store(w, extra["n_compressed"], w.bs, fmt)
+    return [C.measure(ctx, name, "decode_step", step, nbytes, store_format=fmt, bs=1, **extra)]
+
+
+def step_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]]:
+    out = []
+    for label, hd, r, fmt, online in STEP_CASES:
+        for pat in ("bnd", "open"):
+            name = f"{'online' if online else label}{hd}_c{r}_{fmt}/step_bs1_{pat}"
+            out.append((name, lambda n=name, hd=hd, r=r, f=fmt, o=online, p=pat: _step_case(ctx, n, hd, r, f, o, p)))
+    return out
+
+
+def rows(ctx: C.Context) -> List[Dict[str, Any]]:
+    return C.run_cases(ctx, store_cases(ctx), FAMILY)
+
+
+def step_rows(ctx: C.Context) -> List[Dict[str, Any]]:
+    return C.run_cases(ctx, step_cases(ctx), STEP_FAMILY)
+
+
+def main() -> int:
+    return C.family_main(FAMILY, lambda ctx: rows(ctx) + step_rows(ctx), __doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

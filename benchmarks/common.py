@@ -1,0 +1,836 @@
+"""Shared benchmark machinery: device timers, the copy-bandwidth ceiling, case "worlds"
+(page tables, state buffers, inputs, caches), minimum-traffic byte models, row/table helpers.
+
+Conventions
+-----------
+* Times are microseconds. ``cold`` = median of per-call CUDA-event times with a 256 MiB
+  write before every call (evicts the H200's L2), ``graph`` = median per-call time of
+  back-to-back calls replayed from one CUDA graph (no launch overhead, warm L2), ``wall`` =
+  host wall clock including a device synchronize. On CPU every timing is a wall-clock median.
+* Bytes are the algorithmic minimum of DRAM traffic of an op (every input row read once,
+  the state rows the op needs, every state row / output row / cache slot written). The
+  formulas are the ones the peer harness (the reference engine's benchmark) uses, so GB/s
+  figures of both implementations compare; where the peer has no model (bf16 / fp4 stores,
+  online state) the same rules are extended and documented next to the function.
+* A "row" is a dict: case, op, time_us, graph_us, bytes, gbps, frac_copy, ref_us,
+  speedup_ref (reference time / dsv4 time, None when the reference is not timed), timing
+  (which measurement time_us is), error.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# --------------------------------------------------------------------------------------
+# Model / engine constants (SPEC 2, 4; the reference engine's defaults for DeepSeek-V4)
+# --------------------------------------------------------------------------------------
+FULL_PAGE = 256          # tokens per page of the full KV pool (req_to_token granularity)
+SWA_PAGE = 256           # swa_page_size
+RING = {4: 8, 128: 128}  # state ring rows per SWA page (cr 4) / per request (cr 128)
+WINDOW = {4: 8, 128: 128}
+ROW_FACTOR = {4: 4, 128: 2}  # kv_score row = factor * head_dim elements
+ROPE_DIM = 64
+NORM_EPS = 1e-6
+ROPE_THETA = 10000.0
+FLUSH_BYTES = 256 << 20
+
+# (label, head_dim, ratio) as in the model: C4 main + C4 indexer, C128 main.
+COMBOS = [("main", 512, 4), ("main", 512, 128), ("indexer", 128, 4)]
+DECODE_BS = [1, 8, 64, 256, 1024]
+DECODE_CTX = (1024, 8192)
+PREFILL_CASES = [
+    ("p8x4096", [(4096, 4096)] * 8),
+    ("p1x32768", [(32768, 32768)]),
+    ("p4x2000+2048", [(4048, 2048)] * 4),  # unaligned 2000-token prefix: state reads
+]
+# --smoke: tiny shapes to exercise the scripts' logic on a CPU in seconds
+SMOKE_DECODE_BS = [1, 8]
+SMOKE_PREFILL_CASES = [("p2x300", [(300, 300)] * 2), ("p2x200+100", [(300, 100)] * 2)]
+
+# store format -> (head_dim, bytes written per token: data + scales)
+STORE_TOKEN_BYTES = {"fp8_ds_mla": 584, "bf16": 1024, "fp8_indexer": 132, "fp4_indexer": 68}
+STORE_HEAD_DIM = {"fp8_ds_mla": 512, "bf16": 512, "fp8_indexer": 128, "fp4_indexer": 128}
+
+
+def log(*a: Any) -> None:
+    print(*a, flush=True)
+
+
+def page_bytes(store_format: str, page_size: int) -> int:
+    """Bytes of one compressed-cache page of `page_size` tokens (SPEC 4)."""
+    if store_format == "fp8_ds_mla":
+        return -(-584 * page_size // 576) * 576
+    return STORE_TOKEN_BYTES[store_format] * page_size
+
+
+def store_flags(store_format: str) -> Dict[str, bool]:
+    """compress_norm_rope_store keyword flags that select `store_format`."""
+    return {"use_fp4": store_format == "fp4_indexer", "bf16_store": store_format == "bf16"}
+
+
+def esize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+        dtype, str(dtype).replace("torch.", ""))
+
+
+# --------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------
+def stats(ts: Sequence[float]) -> Dict[str, float]:
+    ts = sorted(ts)
+    n = len(ts)
+    return {"median": statistics.median(ts), "p10": ts[int(0.1 * (n - 1))],
+            "p90": ts[int(0.9 * (n - 1))], "min": ts[0], "n": n}
+
+
+class Timer:
+    """cold / graph / wall timings on one device (see the module docstring)."""
+
+    def __init__(self, device, flush_bytes: int = FLUSH_BYTES):
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        self.flush = (torch.empty(flush_bytes, dtype=torch.uint8, device=self.device)
+                      if self.is_cuda else None)
+
+    def sync(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def wall(self, fn: Callable[[], Any], reps: int, warmup: int) -> Dict[str, float]:
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        ts = []
+        for _ in range(max(1, reps)):
+            t0 = time.perf_counter()
+            fn()
+            self.sync()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        return stats(ts)
+
+    def cold(self, fn: Callable[[], Any], reps: int, warmup: int) -> Dict[str, float]:
+        if not self.is_cuda:
+            return self.wall(fn, reps, warmup)
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize(self.device)
+        reps = max(1, reps)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            self.flush.zero_()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize(self.device)
+        return stats([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+
+    def graph(self, fn: Callable[[], Any], per_graph: int, replays: int) -> Optional[Dict[str, float]]:
+        """Per-call time of `per_graph` back-to-back calls captured in one CUDA graph."""
+        if not self.is_cuda:
+            return None
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(per_graph):
+                fn()
+        for _ in range(2):
+            g.replay()
+        torch.cuda.synchronize(self.device)
+        replays = max(1, replays)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        for i in range(replays):
+            starts[i].record()
+            g.replay()
+            ends[i].record()
+        torch.cuda.synchronize(self.device)
+        ts = [s.elapsed_time(e) * 1e3 / per_graph for s, e in zip(starts, ends)]
+        del g
+        return stats(ts)
+
+
+def copy_bandwidth(timer: Timer, nbytes: Optional[int] = None, reps: int = 10) -> Dict[str, Any]:
+    """Device-to-device copy of `nbytes`: (bytes read + bytes written) / median time."""
+    if nbytes is None:
+        nbytes = (1 << 30) if timer.is_cuda else (1 << 27)
+    a = torch.empty(nbytes, dtype=torch.uint8, device=timer.device)
+    a.fill_(1)
+    b = torch.empty_like(a)
+    st = timer.cold(lambda: b.copy_(a), reps, 2)
+    del a, b
+    if timer.is_cuda:
+        torch.cuda.empty_cache()
+    return {"gbps": 2 * nbytes / (st["median"] * 1e3), "bytes": 2 * nbytes, "time_us": st}
+
+
+def device_healthy(device: torch.device) -> Optional[str]:
+    """None if the device still runs work, else the error (a sticky CUDA error)."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        x = torch.ones(4, device=device)
+        x.add_(1)
+        torch.cuda.synchronize(device)
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+class DeviceLost(RuntimeError):
+    """The CUDA context is unusable (sticky error): stop benchmarking on this device."""
+
+
+# --------------------------------------------------------------------------------------
+# Context: device, timer, ceiling, settings shared by every family
+# --------------------------------------------------------------------------------------
+@dataclass
+class Context:
+    device: torch.device
+    timer: Timer
+    quick: bool = False
+    smoke: bool = False
+    only: Optional["re.Pattern[str]"] = None
+    reps: int = 100
+    reps_big: int = 20
+    warmup: int = 5
+    graph_replays: int = 10
+    no_graph: bool = False
+    no_ref: bool = False
+    ref_reps: int = 5
+    ref_max_elems: int = 1 << 27
+    deadline: Optional[float] = None  # time.monotonic() after which no new case starts
+    copy: Dict[str, Any] = field(default_factory=dict)
+    skipped_for_time: List[str] = field(default_factory=list)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def copy_gbps(self) -> Optional[float]:
+        return self.copy.get("gbps")
+
+    def selected(self, name: str) -> bool:
+        return self.only is None or bool(self.only.search(name))
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def measure_copy(self) -> Dict[str, Any]:
+        self.copy = copy_bandwidth(self.timer)
+        log(f"[ceiling] device copy {self.copy['gbps']:.0f} GB/s (read+write) on {self.device}")
+        return self.copy
+
+    def decode_bs(self) -> List[int]:
+        if self.smoke:
+            return SMOKE_DECODE_BS
+        return [8, 1024] if self.quick else DECODE_BS
+
+    def prefill_cases(self) -> List[Tuple[str, List[Tuple[int, int]]]]:
+        if self.smoke:
+            return SMOKE_PREFILL_CASES
+        return PREFILL_CASES[:1] if self.quick else PREFILL_CASES
+
+    def ceiling_row(self) -> Dict[str, Any]:
+        return ceiling_row_of(self.copy, str(self.device))
+
+
+def ceiling_row_of(copy: Dict[str, Any], device: str) -> Optional[Dict[str, Any]]:
+    """The copy-bandwidth measurement as a table row (None without a measurement)."""
+    if not copy:
+        return None
+    t = copy.get("time_us")
+    return {"case": "ceiling", "op": "device_copy", "time_us": t and t["median"], "graph_us": None,
+            "bytes": copy.get("bytes"), "gbps": copy.get("gbps"), "frac_copy": 1.0, "ref_us": None,
+            "speedup_ref": None, "timing": "cold" if device.startswith("cuda") else "cpu_wall",
+            "error": None, "family": "ceiling"}
+
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    ap.add_argument("--quick", action="store_true", help="fewer cases and repetitions")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny shapes, 1-2 reps: checks the scripts themselves (CPU friendly)")
+    ap.add_argument("--only", default=None,
+                    help="regex searched in FAMILY/CASE, e.g. 'compress/main512_c4' or 'store/.*p8x4096'")
+    ap.add_argument("--reps", type=int, default=None, help="cold-timing repetitions (small cases)")
+    ap.add_argument("--reps-big", type=int, default=None, help="repetitions for cases >= 4096 tokens")
+    ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timings")
+    ap.add_argument("--no-ref", action="store_true", help="skip timing the plain-PyTorch reference")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new case after this many seconds (results so far are kept)")
+
+
+def context_from_args(args: argparse.Namespace) -> Context:
+    dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(dev)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    ctx = Context(device=device, timer=Timer(device), quick=args.quick, smoke=args.smoke,
+                  only=re.compile(args.only) if args.only else None,
+                  no_graph=args.no_graph, no_ref=args.no_ref)
+    if device.type == "cuda":
+        ctx.reps, ctx.reps_big, ctx.warmup, ctx.graph_replays = (30, 8, 3, 5) if args.quick else (100, 20, 5, 10)
+    else:
+        ctx.reps, ctx.reps_big, ctx.warmup, ctx.graph_replays = 5, 2, 1, 1
+        ctx.ref_reps = 2
+        ctx.ref_max_elems = 1 << 23
+    if args.smoke:
+        ctx.reps, ctx.reps_big, ctx.warmup, ctx.graph_replays, ctx.ref_reps = 2, 2, 1, 2, 1
+    if args.reps:
+        ctx.reps = args.reps
+    if args.reps_big:
+        ctx.reps_big = args.reps_big
+    if args.budget_s:
+        ctx.deadline = time.monotonic() + args.budget_s
+    return ctx
+
+
+# --------------------------------------------------------------------------------------
+# Measuring one op and turning it into a row
+# --------------------------------------------------------------------------------------
+def make_row(ctx: Context, case: str, op: str, nbytes: Optional[int], *, cold=None, graph=None,
+             wall=None, ref=None, error: Optional[str] = None, **extra) -> Dict[str, Any]:
+    prim, timing = (cold, "cold") if cold else ((wall, "wall") if wall else (None, None))
+    if prim is not None and not ctx.is_cuda:
+        timing = "cpu_wall"
+    t = prim["median"] if prim else None
+    gbps = nbytes / (t * 1e3) if (nbytes and t) else None
+    ref_us = ref["median"] if ref else None
+    row = {
+        "case": case, "op": op, "time_us": t, "graph_us": graph["median"] if graph else None,
+        "bytes": nbytes, "gbps": gbps,
+        "frac_copy": (gbps / ctx.copy_gbps) if (gbps and ctx.copy_gbps) else None,
+        "ref_us": ref_us, "speedup_ref": (ref_us / t) if (ref_us and t) else None,
+        "timing": timing, "error": error,
+        "stats": {"cold": cold, "graph": graph, "wall": wall, "ref": ref},
+    }
+    row.update(extra)
+    return row
+
+
+def measure(ctx: Context, case: str, op: str, fn: Callable[[], Any], nbytes: Optional[int], *,
+            big: bool = False, cold: bool = True, wall: bool = False, graph: bool = True,
+            ref_fn: Optional[Callable[[], Any]] = None, **extra) -> Dict[str, Any]:
+    """Time `fn` (cold and/or wall, then CUDA-graph replay) and the reference, into one row.
+    A failing graph capture or reference keeps the other timings (the error is noted)."""
+    reps = ctx.reps_big if big else ctx.reps
+    c = w = g = r = None
+    errs = []
+    if cold:
+        c = ctx.timer.cold(fn, reps, ctx.warmup)
+    if wall:
+        w = ctx.timer.wall(fn, max(3, reps // 2), ctx.warmup)
+    if graph and ctx.is_cuda and not ctx.no_graph:
+        try:
+            g = ctx.timer.graph(fn, 3 if big else 20, ctx.graph_replays)
+        except Exception as e:  # noqa: BLE001
+            errs.append(f"graph: {type(e).__name__}: {str(e)[:200]}")
+            lost = device_healthy(ctx.device)
+            if lost:
+                raise DeviceLost(lost) from e
+    if ref_fn is not None and not ctx.no_ref:
+        try:
+            r = ctx.timer.cold(ref_fn, ctx.ref_reps, 1)
+        except Exception as e:  # noqa: BLE001
+            errs.append(f"ref: {type(e).__name__}: {str(e)[:200]}")
+    row = make_row(ctx, case, op, nbytes, cold=c, graph=g, wall=w, ref=r,
+                   error="; ".join(errs) or None, **extra)
+    log(format_row(row))
+    return row
+
+
+_TRACEBACKS = [0]
+
+
+def run_cases(ctx: Context, cases: Iterable[Tuple[str, Callable[[], List[Dict[str, Any]]]]],
+              family: str) -> List[Dict[str, Any]]:
+    """Run (name, thunk) cases that pass --only and the time budget; a failing case becomes
+    an error row; a lost CUDA context stops the family (DeviceLost propagates)."""
+    rows: List[Dict[str, Any]] = []
+    for name, thunk in cases:
+        if not ctx.selected(f"{family}/{name}"):
+            continue
+        if ctx.out_of_time():
+            ctx.skipped_for_time.append(f"{family}/{name}")
+            continue
+        try:
+            for r in thunk():
+                r["family"] = family
+                rows.append(r)
+        except DeviceLost:
+            raise
+        except Exception as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {str(e)[:500]}"
+            log(f"{name}: FAILED {msg[:300]}")
+            _TRACEBACKS[0] += 1
+            if _TRACEBACKS[0] <= 3:  # the first few in full; the rest are usually the same
+                traceback.print_exc()
+            rows.append({"case": name, "op": family, "family": family, "time_us": None, "graph_us": None, "bytes": None,
+                         "gbps": None, "frac_copy": None, "ref_us": None, "speedup_ref": None,
+                         "timing": None, "error": msg})
+            lost = device_healthy(ctx.device)
+            if lost:
+                raise DeviceLost(f"after {name}: {lost}") from e
+        finally:
+            if ctx.is_cuda:
+                torch.cuda.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# Worlds: page tables, SWA mapping, state, inputs and caches of one case
+# --------------------------------------------------------------------------------------
+def decode_lengths(bs: int, pattern: str, ratio: int, seed: int) -> List[int]:
+    """Decode seq_lens (including the new token): "rand" = uniform in DECODE_CTX,
+    "bnd" = every request closes a window this step (seq_len % ratio == 0), "open" = none does."""
+    rng = random.Random(seed)
+    ctx = [rng.randint(*DECODE_CTX) for _ in range(bs)]
+    if pattern == "rand":
+        return ctx
+    if pattern == "bnd":
+        return [max(ratio, c // ratio * ratio) for c in ctx]
+    if pattern == "open":  # no request closes a window this step
+        return [max(ratio, c // ratio * ratio) + 1 for c in ctx]
+    raise ValueError(f"unknown decode pattern {pattern!r}")
+
+
+def case_seed(name: str) -> int:
+    return zlib.crc32(name.encode()) % (1 << 30)
+
+
+class World:
+    """Everything one case's ops touch, on `device`.
+
+    * full KV pool of 256-token pages, scattered randomly over requests (page 0 unused);
+      req_to_token int32 [num_req_slots, max_ctx] with spare request rows;
+    * full_to_state int64: the SWA pages the ops touch (the extend range and the 8 tokens
+      before it) map to randomly permuted SWA pages of 256 tokens, everything else is -1;
+    * state buffer: cr 4 paged ring (8 rows per SWA page, or per request with use_req_ring),
+      cr 128 request ring (128 rows per request), online [slots, 1, 3*hd];
+    * inputs: kv_score rows [num_q, row] (fp32 by default), ape, RMSNorm weight, rope freqs;
+    * compressed KV cache per store format (built on first use): loc = full_loc // ratio,
+      page = 256 // ratio locs, so there are as many cache pages as full pages;
+    * out_loc int64 per query token: its compressed loc where a window closes, else -1.
+    """
+
+    def __init__(self, *, ratio: int, head_dim: int, reqs: Sequence[Tuple[int, int]],
+                 device, state_dtype: torch.dtype = torch.float32,
+                 input_dtype: torch.dtype = torch.float32, seed: int = 0, online: bool = False,
+                 use_req_ring: bool = False, spare_req_slots: int = 8, state_slot_offset: int = 0,
+                 fill: bool = True):
+        assert ratio in (4, 128) and head_dim in (128, 512)
+        assert not online or ratio == 128
+        self.ratio, self.head_dim, self.online = ratio, head_dim, online
+        self.device = torch.device(device)
+        self.state_dtype, self.input_dtype = state_dtype, input_dtype
+        self.use_req_ring = bool(use_req_ring and ratio == 4)
+        self.paged = ratio == 4 and not self.use_req_ring and not online
+        self.ring = RING[ratio]
+        self.win = WINDOW[ratio]
+        self.state_slot_offset = state_slot_offset
+        self.reqs = [(int(s), int(e)) for s, e in reqs]
+        self.bs = len(self.reqs)
+        assert all(1 <= e <= s for s, e in self.reqs), self.reqs
+        g = torch.Generator().manual_seed(seed)
+        self.seq_cpu = torch.tensor([s for s, _ in self.reqs], dtype=torch.int64)
+        self.ext_cpu = torch.tensor([e for _, e in self.reqs], dtype=torch.int64)
+        self.num_q = int(self.ext_cpu.sum())
+        self.num_req_slots = self.bs + spare_req_slots
+        self.rid_cpu = torch.randperm(self.num_req_slots, generator=g)[: self.bs].to(torch.int64)
+
+        # full pool and req_to_token
+        pages_per_req = [-(-s // FULL_PAGE) for s, _ in self.reqs]
+        self.total_full_pages = 1 + sum(pages_per_req)
+        phys = torch.randperm(self.total_full_pages - 1, generator=g) + 1
+        max_ctx = max(pages_per_req) * FULL_PAGE
+        r2t = torch.zeros(self.num_req_slots, max_ctx, dtype=torch.int32)
+        in_page = torch.arange(FULL_PAGE, dtype=torch.int64)
+        first = 0
+        for b, n in enumerate(pages_per_req):
+            pages = phys[first: first + n]
+            first += n
+            r2t[self.rid_cpu[b], : n * FULL_PAGE] = (pages[:, None] * FULL_PAGE + in_page).reshape(-1).to(torch.int32)
+        self.r2t_cpu = r2t
+
+        # full_to_state: only the SWA-live pages are mapped
+        live = []
+        for b, (s, e) in enumerate(self.reqs):
+            lo = max(0, s - e - 8)
+            live.append(r2t[self.rid_cpu[b], lo:s].to(torch.int64) // FULL_PAGE)
+        live_pages = torch.unique(torch.cat(live))
+        self.num_swa_pages = int(live_pages.numel())
+        swa_ids = torch.randperm(self.num_swa_pages, generator=g)
+        f2s = torch.full((self.total_full_pages * FULL_PAGE,), -1, dtype=torch.int64)
+        f2s[(live_pages[:, None] * FULL_PAGE + in_page).reshape(-1)] = (
+            swa_ids[:, None] * SWA_PAGE + in_page).reshape(-1)
+        self.f2s_cpu = f2s
+
+        # state buffer
+        hd = head_dim
+        self.row = ROW_FACTOR[ratio] * hd
+        if online:
+            self.state_shape = (self.num_req_slots + state_slot_offset, 1, 3 * hd)
+        elif ratio == 4:
+            n_slots = (self.num_req_slots if self.use_req_ring else self.num_swa_pages) * self.ring
+            n_slots = -(-(n_slots + self.ring + 1) // 4) * 4
+            self.state_shape = (n_slots // 4, 4, self.row)
+        else:
+            self.state_shape = (self.num_req_slots + 1, 128, self.row)
+
+        # per query token: position, request row, compressed-cache loc
+        pos, rid = [], []
+        for b, (s, e) in enumerate(self.reqs):
+            pos.append(torch.arange(s - e, s, dtype=torch.int64))
+            rid.append(torch.full((e,), int(self.rid_cpu[b]), dtype=torch.int64))
+        self.q_pos_cpu = torch.cat(pos)
+        self.q_rid_cpu = torch.cat(rid)
+        full_loc = r2t[self.q_rid_cpu, self.q_pos_cpu].to(torch.int64)
+        closes = (self.q_pos_cpu + 1) % ratio == 0
+        self.out_loc_cpu = torch.where(closes, full_loc // ratio, torch.full_like(full_loc, -1))
+        self.kv_page_size = FULL_PAGE // ratio
+        self._caches: Dict[str, torch.Tensor] = {}
+        self._alloc(fill, seed)
+
+    def _alloc(self, fill: bool, seed: int) -> None:
+        dev, hd = self.device, self.head_dim
+        self.rid = self.rid_cpu.to(dev)
+        self.r2t = self.r2t_cpu.to(dev)
+        self.f2s = self.f2s_cpu.to(dev)
+        self.seq = self.seq_cpu.to(dev)
+        self.ext = self.ext_cpu.to(dev)
+        self.out_loc = self.out_loc_cpu.to(dev)
+        gen = torch.Generator(device=dev).manual_seed(seed + 1)
+
+        def rnd(shape, dtype, scale=1.0, shift=0.0, big=False):
+            if big and not fill:  # state / inputs a case does not read: leave them empty
+                return torch.empty(shape, dtype=dtype, device=dev)
+            return (torch.randn(shape, dtype=torch.float32, device=dev, generator=gen) * scale
+                    + shift).to(dtype)
+
+        self.state = rnd(self.state_shape, self.state_dtype, big=True)
+        if self.online and fill:  # a plausible running state: S > 0
+            self.state[..., hd:2 * hd].abs_().add_(1.0)
+        self.kv_in = rnd((self.num_q, self.row), self.input_dtype, big=True)
+        self.ape = rnd((self.win, hd), torch.float32, 0.5)
+        self.norm_w = rnd((hd,), torch.float32, 0.1, 1.0)
+        max_pos = int(self.seq_cpu.max()) + 1
+        inv = 1.0 / (ROPE_THETA ** (torch.arange(0, ROPE_DIM, 2, dtype=torch.float64) / ROPE_DIM))
+        ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+        self.freqs = torch.polar(torch.ones_like(ang), ang).to(torch.complex64).to(dev)  # [max_pos, 32]
+        self.freqs_real = torch.view_as_real(self.freqs).reshape(max_pos, 2 * (ROPE_DIM // 2))
+
+    def kvcache(self, store_format: str) -> torch.Tensor:
+        """uint8 [total_full_pages, page_bytes] cache of `store_format` (zeros, made once)."""
+        assert STORE_HEAD_DIM[store_format] == self.head_dim, (store_format, self.head_dim)
+        if store_format not in self._caches:
+            self._caches[store_format] = torch.zeros(
+                (self.total_full_pages, page_bytes(store_format, self.kv_page_size)),
+                dtype=torch.uint8, device=self.device)
+        return self._caches[store_format]
+
+    def nbytes(self) -> int:
+        ts = [self.state, self.kv_in, self.r2t, self.f2s] + list(self._caches.values())
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    # -- counts the byte models need (analytic, from SPEC 3.3 / 3.5; independent of the planner)
+    def decode_closing(self) -> int:
+        return int((self.seq_cpu % self.ratio == 0).sum())
+
+    def prefill_counts(self) -> Dict[str, int]:
+        """Compress events, write events and state rows read by a prefill (SPEC 3.3)."""
+        r, win = self.ratio, self.win
+        pad = self.ring - win + 2 if self.ring > win else 0
+        n_c = n_w = slots = 0
+        for s, e in self.reqs:
+            pos = torch.arange(s - e, s, dtype=torch.int64)
+            j = pos - (s - e)
+            comp = (pos + 1) % r == 0
+            buf = win - torch.clamp(j[comp] + 1, max=win)
+            n_c += int(comp.sum())
+            if r == 4:  # the overlap half of the first window (s == 4) is absent, not read
+                has_ovl = (pos[comp] + 1 > 4).to(torch.int64)
+                slots += int((torch.clamp(buf, max=4) * has_ovl + torch.clamp(buf - 4, min=0)).sum())
+            else:
+                slots += int(buf.sum())
+            last_c = s // r * r
+            first_w = min(last_c - (4 if r == 4 else 0), s - pad)
+            wr = pos >= first_w
+            if self.paged:
+                wr |= (pos % SWA_PAGE) >= SWA_PAGE - 4
+            n_w += int(wr.sum())
+        return {"n_c": n_c, "n_w": n_w, "state_slots_read": slots}
+
+    def online_decode_counts(self) -> Dict[str, int]:
+        q = (self.seq_cpu - 1) % 128
+        n_close = int((q == 127).sum())
+        return {"n_close": n_close, "n_state_read": int((q != 0).sum()), "n_state_write": self.bs - n_close}
+
+    def online_prefill_counts(self) -> Dict[str, int]:
+        n_c = n_w = n_merge = 0
+        for s, e in self.reqs:
+            a = s - e
+            while a < s:
+                end = min((a // 128 + 1) * 128, s)
+                if a % 128:
+                    n_merge += 1
+                if end % 128 == 0:
+                    n_c += 1
+                else:
+                    n_w += 1
+                a = end
+        return {"n_c": n_c, "n_w": n_w, "n_merge": n_merge}
+
+    def closing_tokens(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(rope positions, out_loc) of every compressed token this case makes, in plan order
+        (batch-major, position ascending): position = s - cr = first position of the window."""
+        closes = (self.q_pos_cpu + 1) % self.ratio == 0
+        pos = self.q_pos_cpu[closes] + 1 - self.ratio
+        return pos.to(self.device), self.out_loc_cpu[closes].to(self.device)
+
+
+# --------------------------------------------------------------------------------------
+# Byte models (minimum DRAM traffic). Same formulas as the peer harness; see module docstring.
+# --------------------------------------------------------------------------------------
+def bytes_decode_compress(w: World, n_bnd: int) -> int:
+    """Read every input row, the 2*hd (kv, score) elements of each window row of the n_bnd
+    closing requests, ape, the plan; write every input row to the state and n_bnd outputs."""
+    hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
+    read = w.bs * w.row * inp + n_bnd * WINDOW[w.ratio] * 2 * hd * st + w.ape.numel() * 4 + w.bs * 16
+    write = w.bs * w.row * st + n_bnd * hd * 4
+    return read + write
+
+
+def bytes_prefill_compress(w: World, n_c: int, buf_slots: int, n_w: int) -> int:
+    """Read every input row once, the state rows the windows need (2*hd elements each), ape,
+    both plans; write the persisted rows and the n_c outputs."""
+    hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
+    read = w.num_q * w.row * inp + buf_slots * 2 * hd * st + w.ape.numel() * 4 + n_c * 16 + n_w * 8
+    write = n_w * w.row * st + n_c * hd * 4
+    return read + write
+
+
+def bytes_store(w: World, n_tok: int, n_plan_rows: int, store_format: Optional[str] = None) -> int:
+    """Per stored token: read its fp32 kv row, its rope freqs row and out_loc; write its
+    cache bytes (data + scales); plus the plan rows and the norm weight. (The peer model has
+    the fp8 formats; bf16 / fp4 only change the bytes written per token.)"""
+    hd = w.head_dim
+    fmt = store_format or ("fp8_indexer" if hd == 128 else "fp8_ds_mla")
+    per_tok_read = hd * 4 + ROPE_DIM * 4 + 8
+    return n_tok * (per_tok_read + STORE_TOKEN_BYTES[fmt]) + n_plan_rows * 16 + hd * 4
+
+
+def bytes_decode_plan(w: World) -> int:
+    """Per request: read rid and seq_len, write 16 bytes; SWA-paged cr 4 also looks up
+    req_to_token (4 B) and full_to_state (8 B) for two positions."""
+    lookups = 0 if not w.paged else 2 * (4 + 8)
+    return w.bs * (8 + 8 + lookups + 16)
+
+
+def bytes_prefill_plan(w: World, n_c: int, n_w: int) -> int:
+    """Per compress record 16 B (+ two slot lookups when SWA-paged), per write record 8 B
+    (+ one lookup), per request 24 B of inputs."""
+    lookups = 0 if not w.paged else (4 + 8)
+    return n_c * (16 + 2 * lookups) + n_w * (8 + lookups) + w.bs * 24
+
+
+# Online (cr 128 running state, SPEC 3.5): not in the peer harness; same rules.
+def bytes_online_decode_compress(w: World, n_state_read: int, n_state_write: int, n_close: int) -> int:
+    """Read every input row, the 3*hd state of each request not restarting its chunk, ape,
+    the plan; write the 3*hd state of each request not closing and the closing outputs."""
+    hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
+    read = w.bs * w.row * inp + n_state_read * 3 * hd * st + w.ape.numel() * 4 + w.bs * 16
+    write = n_state_write * 3 * hd * st + n_close * hd * 4
+    return read + write
+
+
+def bytes_online_prefill_compress(w: World, n_c: int, n_w: int, n_merge: int) -> int:
+    hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
+    read = w.num_q * w.row * inp + n_merge * 3 * hd * st + w.ape.numel() * 4 + (n_c + n_w) * 16
+    write = n_w * 3 * hd * st + n_c * hd * 4
+    return read + write
+
+
+def bytes_online_prefill_plan(w: World, n_c: int, n_w: int) -> int:
+    return (n_c + n_w) * 16 + w.bs * 24
+
+
+# --------------------------------------------------------------------------------------
+# Plain-PyTorch reference workloads (dsv4_ops.reference), for the speed-up column
+# --------------------------------------------------------------------------------------
+def reference_module():
+    try:
+        from dsv4_ops import reference  # noqa: WPS433
+        return reference
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def ref_pool_fn(ctx: Context, w: World, n_tokens: int, per_request: bool) -> Optional[Callable[[], Any]]:
+    """The reference's pooling of the same number of compressed tokens as the op makes:
+    per_request (prefill) = compressed_tokens over each request's extend rows; otherwise one
+    call over n_tokens windows of fresh rows (decode). None when too big to time cheaply."""
+    ref = reference_module()
+    if ref is None or ctx.no_ref or n_tokens == 0:
+        return None
+    r, hd = w.ratio, w.head_dim
+    if per_request:
+        if w.num_q * w.row > ctx.ref_max_elems:
+            return None
+        chunks, first = [], 0
+        for _, e in w.reqs:
+            chunks.append(w.kv_in[first: first + e])
+            first += e
+        return lambda: [ref.compressed_tokens(c, w.ape, r, hd) for c in chunks]
+    rows = n_tokens * r
+    if rows * w.row > ctx.ref_max_elems:
+        return None
+    x = torch.randn(rows, w.row, device=w.device).to(w.input_dtype)
+    return lambda: ref.compressed_tokens(x, w.ape, r, hd)
+
+
+def ref_store_fn(ctx: Context, w: World, kv: torch.Tensor, store_format: str) -> Optional[Callable[[], Any]]:
+    """reference.store of the case's compressed tokens into a separate cache."""
+    ref = reference_module()
+    if ref is None or ctx.no_ref:
+        return None
+    pos, locs = w.closing_tokens()
+    n = int(pos.numel())
+    if n == 0 or n * w.head_dim * 16 > ctx.ref_max_elems:
+        return None
+    cache = torch.zeros_like(w.kvcache(store_format))
+    x = kv[:n]
+    return lambda: ref.store(cache, x, pos, locs, w.norm_w, NORM_EPS, w.freqs_real, store_format,
+                             w.kv_page_size)
+
+
+# --------------------------------------------------------------------------------------
+# Tables and environment
+# --------------------------------------------------------------------------------------
+def _f(x, nd=1, width=9):
+    return f"{'-':>{width}}" if x is None else f"{x:>{width}.{nd}f}"
+
+
+def _g(x, width=9):
+    """3 significant digits without exponent for the usual ranges (MB, GB/s)."""
+    if x is None:
+        return f"{'-':>{width}}"
+    if x >= 100 or x == 0:
+        return f"{x:>{width}.0f}"
+    return f"{x:>{width}.{max(0, 2 - int(math.floor(math.log10(abs(x)))))}f}"
+
+
+TABLE_HEADER = (f"{'case':<44} {'op':<22} {'time_us':>9} {'graph_us':>9} {'MB':>9} {'GB/s':>7} "
+                f"{'%copy':>6} {'x_ref':>7} {'timing':<8}")
+
+
+def format_row(r: Dict[str, Any]) -> str:
+    mb = r["bytes"] / 1e6 if r.get("bytes") else None
+    pct = r["frac_copy"] * 100 if r.get("frac_copy") is not None else None
+    s = (f"{str(r['case'])[:44]:<44} {str(r['op'])[:22]:<22} {_f(r.get('time_us'))} {_f(r.get('graph_us'))} "
+         f"{_g(mb)} {_g(r.get('gbps'), 7)} {_f(pct, 1, 6)} {_f(r.get('speedup_ref'), 1, 7)} "
+         f"{(r.get('timing') or '-'):<8}")
+    if r.get("check") not in (None, "ok"):
+        s += f" CHECK {str(r['check'])[:100]}"
+    if r.get("error"):
+        s += f" ERR {str(r['error'])[:140]}"
+    return s
+
+
+def format_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    return [TABLE_HEADER] + [format_row(r) for r in rows]
+
+
+def markdown_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    def c(x, nd=1):
+        return "" if x is None else f"{x:.{nd}f}"
+
+    out = ["| case | op | time us | graph us | MB | GB/s | % copy | x ref | timing | note |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        mb = r["bytes"] / 1e6 if r.get("bytes") else None
+        pct = r["frac_copy"] * 100 if r.get("frac_copy") is not None else None
+        note = r.get("error") or ""
+        if r.get("check") not in (None, "ok"):
+            note = f"check: {r['check']} {note}"
+        note = note.replace("|", "/").replace("\n", " ")[:160]
+        out.append(f"| {r['case']} | {r['op']} | {c(r.get('time_us'))} | {c(r.get('graph_us'))} | "
+                   f"{_g(mb, 0).strip() if mb else ''} | {_g(r.get('gbps'), 0).strip() if r.get('gbps') else ''} | "
+                   f"{c(pct)} | {c(r.get('speedup_ref'))} | {r.get('timing') or ''} | {note} |")
+    return out
+
+
+def env_info(device: torch.device) -> Dict[str, Any]:
+    info: Dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
+                            "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                            "device": str(device), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(gpu=p.name, cc=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count,
+                    gpu_mem_GiB=round(p.total_memory / 2**30, 1))
+    try:
+        import dsv4_ops
+        info["dsv4_ops"] = getattr(dsv4_ops, "__version__", "?")
+        info["dsv4_library"] = dsv4_ops.ops._library.LIBRARY_PATH
+    except Exception as e:  # noqa: BLE001
+        info["dsv4_ops_import_error"] = f"{type(e).__name__}: {e}"
+    try:
+        info["git"] = subprocess.check_output(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
+                                              text=True, stderr=subprocess.DEVNULL).strip()
+    except Exception:  # noqa: BLE001
+        pass
+    info["DSV4_OPS_NO_PDL"] = os.environ.get("DSV4_OPS_NO_PDL")
+    return info
+
+
+def family_main(family_name: str, rows_fn: Callable[[Context], List[Dict[str, Any]]],
+                description: str) -> int:
+    """main() of one family script: parse the common options, measure the copy ceiling,
+    run the family, print its table."""
+    ap = argparse.ArgumentParser(description=description)
+    add_common_args(ap)
+    args = ap.parse_args()
+    ctx = context_from_args(args)
+    info = env_info(ctx.device)
+    log(" ".join(f"{k}={v}" for k, v in info.items()))
+    ctx.measure_copy()
+    log(TABLE_HEADER)
+    try:
+        rows = rows_fn(ctx)
+    except DeviceLost as e:
+        log(f"[{family_name}] device lost: {e}")
+        return 3
+    log("")
+    for line in format_table([ctx.ceiling_row()] + rows):
+        log(line)
+    if ctx.skipped_for_time:
+        log(f"[{family_name}] {len(ctx.skipped_for_time)} cases skipped (time budget)")
+    return 1 if any(r.get("error") for r in rows) else 0

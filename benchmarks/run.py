@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Run every dsv4_ops benchmark family on the current device and write the results.
+
+    python benchmarks/run.py [--quick] [--only REGEX] [--out DIR] [--families plan,compress,store,step]
+
+Prints one table (time, bytes moved, effective bandwidth, % of the device copy bandwidth
+measured in the same run, speed-up over the plain-PyTorch reference) and writes, under --out:
+  results.json   every row with all timings, the environment and the copy ceiling
+  results.md     the table in markdown
+  bandwidth.png  achieved GB/s per case (bars: cold; dots: CUDA-graph replay) against a
+                 horizontal line at the measured copy bandwidth, one panel per family
+results.json is rewritten after every family, so an interrupted run keeps what it measured.
+Exit status: 0 all rows measured, 1 some rows failed, 2 dsv4_ops not importable, 3 the CUDA
+context was lost (later families skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import common as C
+
+FAMILIES = ["plan", "compress", "store", "step"]
+
+
+def family_functions():
+    from benchmarks import bench_compress, bench_plan, bench_store
+
+    return {"plan": bench_plan.rows, "compress": bench_compress.rows, "store": bench_store.rows,
+            "step": bench_store.step_rows}
+
+
+def _clean(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [{k: v for k, v in r.items()} for r in rows]
+
+
+def write_json(path: str, payload: Dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any], notes: List[str]) -> None:
+    lines = ["# dsv4_ops benchmarks", ""]
+    dev = info.get("gpu") or info.get("device")
+    lines.append(f"device: {dev}; torch {info.get('torch')} (cuda {info.get('torch_cuda')}); "
+                 f"dsv4_ops git {info.get('git', '?')}; {info.get('time')}")
+    if copy.get("gbps"):
+        lines.append(f"copy bandwidth (device-to-device, read+write): {copy['gbps']:.0f} GB/s")
+    lines += ["", "time us: cold-L2 median (CPU: wall-clock median); graph us: per call, CUDA-graph "
+              "replay; MB: minimum DRAM traffic; % copy: GB/s over the copy bandwidth; x ref: "
+              "dsv4_ops.reference time / dsv4_ops time.", ""]
+    lines += C.markdown_table(rows)
+    if notes:
+        lines += ["", "## notes", ""] + [f"- {n}" for n in notes]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def plot_bandwidth(path: str, rows, copy_gbps: Optional[float], title: str) -> Optional[str]:
+    """One panel per family: bars = GB/s of the cold time, dots = GB/s of the graph time,
+    dashed horizontal line = copy bandwidth. Returns an error string instead of raising."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        return f"matplotlib unavailable: {e}"
+    fams: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("gbps") or (r.get("bytes") and r.get("graph_us")):
+            fams.setdefault(r.get("family", "?"), []).append(r)
+    if not fams:
+        return "no rows with a bandwidth to plot"
+    widest = max(len(v) for v in fams.values())
+    fig_w = min(max(8.0, 0.22 * widest + 2.0), 120.0)
+    fig, axes = plt.subplots(len(fams), 1, figsize=(fig_w, 4.2 * len(fams)), squeeze=False)
+    for ax, (fam, rs) in zip(axes[:, 0], fams.items()):
+        x = list(range(len(rs)))
+        cold = [r.get("gbps") or 0.0 for r in rs]
+        graph = [(r["bytes"] / (r["graph_us"] * 1e3)) if (r.get("bytes") and r.get("graph_us")) else None
+                 for r in rs]
+        ax.bar(x, cold, color="tab:blue", label="cold L2" if any(cold) else None)
+        gx = [i for i, g in zip(x, graph) if g]
+        if gx:
+            ax.plot(gx, [g for g in graph if g], "o", color="tab:orange", markersize=3, label="graph replay")
+        if copy_gbps:
+            ax.axhline(copy_gbps, color="tab:red", linestyle="--", label=f"copy {copy_gbps:.0f} GB/s")
+        vals = [v for v in cold + [g for g in graph if g] if v and v > 0]
+        if vals and (copy_gbps or max(vals)) / min(vals) > 50:
+            ax.set_yscale("log")  # planners move kilobytes, prefill ops gigabytes
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{r['case']} {r['op']}" for r in rs], rotation=90, fontsize=6)
+        ax.set_xlim(-1, max(len(rs), 8))
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{title}: {fam}", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return None
+
+
+def report(args, info: Dict[str, Any], copy: Dict[str, Any], rows: List[Dict[str, Any]],
+           payload: Dict[str, Any], skipped: List[str], json_path: str) -> int:
+    """Notes, results.md, bandwidth.png, final results.json and the printed table; returns
+    1 when some row failed, else 0."""
+    bad_checks = [f"{r['case']} {r['op']}: {r['check']}" for r in rows if r.get("check") not in (None, "ok")]
+    errors = [r for r in rows if r.get("error")]
+    notes = payload["notes"]
+    if skipped:
+        notes.append(f"{len(skipped)} cases skipped by the time budget: " + ", ".join(skipped[:20]))
+    notes += [f"check: {b}" for b in bad_checks]
+    notes += [f"error: {r['case']} {r['op']}: {str(r['error'])[:200]}" for r in errors]
+    ceiling = C.ceiling_row_of(copy, info.get("device", ""))
+    all_rows = ([ceiling] if ceiling else []) + rows
+    write_markdown(os.path.join(args.out, "results.md"), all_rows, info, copy, notes)
+    title = f"dsv4_ops on {info.get('gpu') or info.get('device')}"
+    perr = plot_bandwidth(os.path.join(args.out, "bandwidth.png"), rows, copy.get("gbps"), title)
+    if perr:
+        notes.append(f"plot: {perr}")
+    payload["rows"] = _clean(rows)
+    write_json(json_path, payload)
+    C.log("")
+    C.log("=" * 120)
+    gb = copy.get("gbps")
+    C.log(f"{title}: copy {gb:.0f} GB/s; {len(rows)} rows in {payload.get('run_seconds')} s" if gb else
+          f"{title}: no copy measurement; {len(rows)} rows")
+    for line in C.format_table(all_rows):
+        C.log(line)
+    for n in notes:
+        C.log(f"NOTE {n}")
+    C.log(f"wrote {json_path}, results.md, bandwidth.png under {args.out}")
+    return 1 if errors else 0
+
+
+def passthrough(args) -> List[str]:
+    out = []
+    for flag in ("quick", "smoke", "no_graph", "no_ref"):
+        if getattr(args, flag):
+            out.append("--" + flag.replace("_", "-"))
+    for opt in ("device", "only", "reps", "reps_big"):
+        v = getattr(args, opt)
+        if v is not None:
+            out += ["--" + opt.replace("_", "-"), str(v)]
+    return out
+
+
+def run_isolated(args, fams: List[str]) -> int:
+    """One child process per family (a kernel fault that kills the CUDA context then costs
+    only its own family), merged into one report. Each child measures its own copy ceiling;
+    the report's ceiling is the first one, all are kept in results.json (copy_per_family)."""
+    t0 = time.monotonic()
+    deadline = t0 + args.budget_s if args.budget_s else None
+    json_path = os.path.join(args.out, "results.json")
+    payload: Dict[str, Any] = {"env": {}, "args": vars(args), "copy": {}, "copy_per_family": {}, "rows": [],
+                               "notes": [], "family_status": {}, "bytes_model": C.__doc__}
+    rows: List[Dict[str, Any]] = []
+    skipped: List[str] = []
+    status = 0
+    for fam in fams:
+        sub = os.path.join(args.out, "families", fam)
+        cmd = [sys.executable, os.path.abspath(__file__), "--no-isolate", "--child", "--families", fam,
+               "--out", sub] + passthrough(args)
+        limit = None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left < 5:
+                payload["notes"].append(f"family {fam} not started: time budget spent")
+                payload["family_status"][fam] = "not started (budget)"
+                status = max(status, 1)
+                continue
+            cmd += ["--budget-s", f"{left:.0f}"]
+            limit = left + 40  # the budget only stops new cases; let the running one finish
+        C.log(f"[run] family {fam}: {' '.join(cmd)}")
+        try:
+            rc = subprocess.call(cmd, timeout=limit)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        sub_json = os.path.join(sub, "results.json")
+        try:
+            with open(sub_json) as f:
+                sp = json.load(f)
+        except Exception as e:  # noqa: BLE001
+            sp = None
+            payload["notes"].append(f"family {fam}: no results.json ({type(e).__name__})")
+        if sp:
+            rows += sp.get("rows", [])
+            payload["env"] = payload["env"] or sp.get("env", {})
+            if sp.get("copy"):
+                payload["copy_per_family"][fam] = sp["copy"]
+                payload["copy"] = payload["copy"] or sp["copy"]
+            payload["notes"] += [f"{fam}: {n}" for n in sp.get("notes", [])]
+            skipped += sp.get("skipped_for_time", [])
+        payload["family_status"][fam] = rc
+        if rc != 0:
+            payload["notes"].append(f"family {fam} exited with {rc}")
+            status = max(status, 3 if rc == 3 else (2 if rc == 2 else 1))
+        payload["rows"] = _clean(rows)
+        write_json(json_path, payload)
+    payload["run_seconds"] = round(time.monotonic() - t0, 1)
+    payload["skipped_for_time"] = skipped
+    info = payload["env"] or {"device": args.device or "?"}
+    rc = report(args, info, payload["copy"], rows, payload, skipped, json_path)
+    return max(status, rc)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    C.add_common_args(ap)
+    ap.add_argument("--out", default=os.environ.get("DSV4_BENCH_OUT", "bench_out"))
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma list of " + ",".join(FAMILIES))
+    ap.add_argument("--isolate", dest="isolate", action="store_true", default=None,
+                    help="one process per family (default on CUDA)")
+    ap.add_argument("--no-isolate", dest="isolate", action="store_false")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    fams = [f.strip() for f in args.families.split(",") if f.strip()]
+    unknown = [f for f in fams if f not in FAMILIES]
+    if unknown:
+        ap.error(f"unknown families {unknown}")
+    if args.isolate is None:
+        import torch
+
+        dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        args.isolate = dev.startswith("cuda")
+    if args.isolate and len(fams) > 1:
+        return run_isolated(args, fams)
+
+    ctx = C.context_from_args(args)
+    info = C.env_info(ctx.device)
+    C.log(" ".join(f"{k}={v}" for k, v in info.items()))
+    json_path = os.path.join(args.out, "results.json")
+    payload: Dict[str, Any] = {"env": info, "args": vars(args), "copy": {}, "rows": [], "notes": [],
+                               "bytes_model": C.__doc__}
+    try:
+        import dsv4_ops  # noqa: F401
+        fns = family_functions()
+    except Exception as e:  # noqa: BLE001
+        msg = f"dsv4_ops not importable: {type(e).__name__}: {e}"
+        C.log(msg)
+        traceback.print_exc()
+        payload["notes"].append(msg)
+        write_json(json_path, payload)
+        return 2
+
+    ctx.measure_copy()
+    payload["copy"] = ctx.copy
+    rows: List[Dict[str, Any]] = []
+    status = 0
+    t0 = time.monotonic()
+    C.log(C.TABLE_HEADER)
+    for fam in fams:
+        tf = time.monotonic()
+        try:
+            rows += fns[fam](ctx)
+        except C.DeviceLost as e:
+            note = f"device lost during {fam}: {e}; later families skipped"
+            C.log(note)
+            payload["notes"].append(note)
+            status = 3
+            break
+        except Exception as e:  # noqa: BLE001 (a bug in a family script: keep the others)
+            note = f"family {fam} crashed: {type(e).__name__}: {e}"
+            C.log(note)
+            traceback.print_exc()
+            payload["notes"].append(note)
+            status = max(status, 1)
+        finally:
+            payload["rows"] = _clean(rows)
+            payload.setdefault("family_seconds", {})[fam] = round(time.monotonic() - tf, 1)
+            payload["skipped_for_time"] = ctx.skipped_for_time
+            write_json(json_path, payload)
+    payload["run_seconds"] = round(time.monotonic() - t0, 1)
+    if args.child:  # the parent merges and reports
+        return status or (1 if any(r.get("error") for r in rows) else 0)
+    rc = report(args, info, ctx.copy, rows, payload, ctx.skipped_for_time, json_path)
+    return max(status, rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

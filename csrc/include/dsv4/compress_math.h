@@ -1,0 +1,291 @@
+// compress_forward math shared by the CPU kernel and the GPU kernels (SPEC 1.2, 3.1, 3.4, 3.5).
+//
+// Torch-free. Everything that decides WHAT is computed lives here: which state slot or input
+// row feeds window row r, which rows are absent, the chunked safe-softmax fold, the merge of
+// partial softmax states and the online running-state conversions. The CPU kernel and the GPU
+// kernels call the same functions in the same grouping (cr = 128: 8 groups of 16 rows, folded
+// in chunks of 8 and merged in group order), so the backends agree by construction up to the
+// last-bit differences of expf and FMA contraction.
+//
+// Decisions where the SPEC is silent (also in the family's report):
+//  * Rows at negative positions (s - win + r < 0) are absent for both ratios (SPEC states it
+//    for cr = 4; for cr = 128 it only matters for malformed records with s < 128).
+//  * Decode seq_len == 0 closes no window (out = 0); offline decode still copies the row.
+//    Online decode with seq_len == 0 carries no token: out = 0 and no state is written.
+//  * Offline decode pools "after the copy": the just-written row enters the window as its
+//    state-dtype value. The GPU takes that value from registers (the thread that copies the
+//    row's channels is the one that pools them), which equals re-reading the state whenever
+//    no two batch entries address the same slots.
+//  * Online prefill merges with the stored state at read_page_1 if >= 0, else read_page_0,
+//    literally as SPEC 3.5 says (online records carry read_page_1 = rid, the committed
+//    bank; read_page_0 = rid + state_slot_offset is where the trailing segment is stored).
+//    The stored state goes first in the merge. A segment longer than its 128-chunk is
+//    clipped to the chunk and merges nothing. Online decode reads read_page_0 and stores at
+//    write_loc.
+//  * A bf16 online state stores RNE(M), RNE(S), RNE(K) of the fp32 values (S stays relative
+//    to the fp32 M), so each stored value is within one bf16 ulp of the exact state.
+//  * Every slot / page / ragged row outside its buffer, or negative, is an absent row on
+//    read and a skipped write; a window with no present row pools to 0.
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <math.h>
+
+#include "numerics.h"
+#include "plan_records.h"
+#include "portability.h"
+
+namespace dsv4 {
+namespace compress {
+
+// ---- element types --------------------------------------------------------------------------
+
+// Runtime element codes of the small tensors whose dtype does not pick a kernel instantiation.
+enum ApeType : int32_t { kApeF32 = 0, kApeBF16 = 1, kApeF16 = 2 };
+enum OutType : int32_t { kOutF32 = 0, kOutBF16 = 1 };
+
+// IEEE binary16 bits -> fp32 (exact). Only ape may be fp16.
+DSV4_HD float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu;
+  uint32_t m = h & 0x3ffu;
+  if (e == 0x1fu) return bits_f32(sign | 0x7f800000u | (m << 13));  // inf / nan
+  if (e == 0) {
+    float v = float(m) * 5.9604644775390625e-8f;  // m * 2^-24 (zero or subnormal)
+    return sign ? -v : v;
+  }
+  return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+DSV4_HD float load_ape(const void* ape, int32_t type, int64_t i) {
+  if (type == kApeF32) return static_cast<const float*>(ape)[i];
+  uint16_t h = static_cast<const uint16_t*>(ape)[i];
+  return type == kApeBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+DSV4_HD void store_out(void* out, int32_t type, int64_t i, float v) {
+  if (type == kOutF32)
+    static_cast<float*>(out)[i] = v;
+  else
+    static_cast<uint16_t*>(out)[i] = f32_to_bf16(v);
+}
+
+// The value a state buffer of element type T holds after storing v (bf16: RNE rounding).
+DSV4_HD float round_to(const float*, float v) { return v; }
+DSV4_HD float round_to(const uint16_t*, float v) { return round_to_bf16(v); }
+
+// ---- geometry ---------------------------------------------------------------------------------
+
+constexpr int kVec = 4;             // channels per GPU thread (16-byte fp32 / 8-byte bf16 loads)
+// Rows folded per softmax rescale (a tuning knob: more rows = more loads in flight per thread
+// but more registers).
+#ifndef DSV4_COMPRESS_CHUNK
+#define DSV4_COMPRESS_CHUNK 4
+#endif
+constexpr int kChunk = DSV4_COMPRESS_CHUNK;
+constexpr int kC128Groups = 8;      // cr = 128: row groups of one window (merged at the end)
+constexpr int kC128GroupRows = 16;  // rows per group
+constexpr int kC128SliceCh = 128;   // cr = 128 GPU: channels per block (hd / 128 blocks)
+static_assert(kC128Groups * kC128GroupRows == 128, "groups tile the 128-row window");
+static_assert(kC128GroupRows % kChunk == 0, "chunks tile a group");
+
+// Elements of one kv_score input / offline state row.
+DSV4_HD int64_t input_row_elems(int cr, int hd) { return cr == 4 ? 4 * int64_t(hd) : 2 * int64_t(hd); }
+// Elements of one state row: offline = raw input row, online = m | S | K.
+DSV4_HD int64_t state_row_elems(int cr, int hd, bool online) {
+  return online ? 3 * int64_t(hd) : input_row_elems(cr, hd);
+}
+
+// Offsets (elements) of window row r's kv and score inside a kv_score row (SPEC 1.1):
+// cr = 4 rows 0..3 use kv_ovl (q0) / score_ovl (q2), rows 4..7 kv (q1) / score (q3);
+// cr = 128 rows use kv (h0) / score (h1).
+DSV4_HD int64_t kv_offset(int cr, int hd, int r) { return cr == 4 ? (r < 4 ? 0 : hd) : 0; }
+DSV4_HD int64_t score_offset(int cr, int hd, int r) {
+  return cr == 4 ? (r < 4 ? 2 * int64_t(hd) : 3 * int64_t(hd)) : int64_t(hd);
+}
+
+// Where the rows of one pooling window come from.
+//   rows r in [lo, hi) may be present (outside: absent = score -FLT_MAX, kv 0, weight 0);
+//   r < bl: state buffer (cr = 4: r < 4 row r of page0, r >= 4 row r-4 of page1;
+//           cr = 128: row r of page1); r >= bl: ragged input row in_base + r.
+// Sources out of range (negative or past the buffer) are absent as well.
+struct WindowDesc {
+  int64_t in_base;
+  int64_t page0, page1;
+  int32_t lo, hi, bl;
+};
+
+// Source of one window row: kind 0 absent, 1 state (index = flat state row), 2 input row.
+struct RowSource {
+  int32_t kind;
+  int64_t index;
+};
+
+enum : int32_t { kAbsent = 0, kFromState = 1, kFromInput = 2 };
+
+DSV4_HD RowSource row_source(const WindowDesc& d, int cr, int r, int64_t num_state_rows,
+                             int64_t num_in_rows) {
+  RowSource s{kAbsent, -1};
+  if (r < d.lo || r >= d.hi) return s;
+  if (r < d.bl) {
+    int64_t page = cr == 4 ? (r < 4 ? d.page0 : d.page1) : d.page1;
+    int64_t num_pages = num_state_rows / cr;
+    if (page < 0 || page >= num_pages) return s;
+    s.kind = kFromState;
+    s.index = page * cr + (cr == 4 ? (r & 3) : r);
+  } else {
+    int64_t row = d.in_base + r;
+    if (row < 0 || row >= num_in_rows) return s;
+    s.kind = kFromInput;
+    s.index = row;
+  }
+  return s;
+}
+
+DSV4_HD int window_len(int cr) { return cr == 4 ? 8 : 128; }
+
+// Offline prefill record (SPEC 3.1 / 3.4). Window row r is position seq_len - win + r; rows at
+// negative positions (cr = 4, seq_len == 4: rows 0..3) are absent whatever the source rule
+// selects. Invalid records pool nothing (zeros).
+DSV4_HD WindowDesc offline_prefill_window(const CompressPlan& p, int cr) {
+  const int win = window_len(cr);
+  WindowDesc d{0, -1, -1, 0, 0, 0};
+  if (!is_valid(p)) return d;
+  int64_t s = int64_t(p.seq_len);
+  d.lo = s >= win ? 0 : int32_t(win - s);
+  d.hi = win;
+  d.bl = p.buffer_len < win ? int32_t(p.buffer_len) : win;
+  d.in_base = int64_t(p.ragged_id) - (win - 1);
+  d.page0 = p.read_page_0;
+  d.page1 = p.read_page_1;
+  return d;
+}
+
+// Offline decode record: the window closes iff seq_len % cr == 0 (seq_len 0 closes nothing);
+// every row comes from the state buffer.
+DSV4_HD bool decode_closes(const DecodePlan& p, int cr) {
+  return p.seq_len != 0 && p.seq_len % uint32_t(cr) == 0;
+}
+
+DSV4_HD WindowDesc offline_decode_window(const DecodePlan& p, int cr) {
+  const int win = window_len(cr);
+  WindowDesc d{0, -1, -1, 0, 0, 0};
+  if (!decode_closes(p, cr)) return d;
+  int64_t s = int64_t(p.seq_len);
+  d.lo = s >= win ? 0 : int32_t(win - s);
+  d.hi = win;
+  d.bl = win;
+  d.page0 = p.read_page_0;
+  d.page1 = p.read_page_1;
+  return d;
+}
+
+// Online segment record (SPEC 3.5): seq_len = e (segment end), buffer_len = segment length n,
+// ragged_id = ragged row of position e-1. Window row r = chunk offset r; the segment occupies
+// offsets [q_end-n+1, q_end] with q_end = (e-1) % 128 and ragged rows ragged_id-q_end+r.
+// A segment longer than its chunk is clipped to the chunk.
+struct OnlineSegment {
+  WindowDesc win;
+  bool valid;       // a real record with at least the end position (e >= 1)
+  bool merge;       // the segment does not start its chunk: merge with the stored state
+  int64_t read_slot;   // stored state (read_page_1 if >= 0 else read_page_0)
+  int64_t write_slot;  // read_page_0
+};
+
+DSV4_HD OnlineSegment online_segment(const CompressPlan& p) {
+  OnlineSegment o;
+  o.win = WindowDesc{0, -1, -1, 0, 0, 0};
+  o.valid = is_valid(p) && p.seq_len != 0;
+  o.merge = false;
+  o.read_slot = p.read_page_1 >= 0 ? int64_t(p.read_page_1) : int64_t(p.read_page_0);
+  o.write_slot = p.read_page_0;
+  if (!o.valid) return o;
+  const int64_t e = int64_t(p.seq_len);
+  const int32_t q_end = int32_t((e - 1) % 128);
+  const int32_t n = int32_t(p.buffer_len);
+  o.win.lo = n > q_end ? 0 : q_end + 1 - n;
+  o.win.hi = q_end + 1;
+  o.win.bl = 0;
+  o.win.in_base = int64_t(p.ragged_id) - q_end;
+  o.merge = o.win.lo > 0;  // (e - n) % 128 != 0
+  return o;
+}
+
+// Online decode record: q = (seq_len-1) % 128; fold into the state at read_page_0 (restart
+// at q == 0); q == 127 closes the chunk. seq_len == 0 carries no token (nothing happens).
+DSV4_HD bool online_decode_active(const DecodePlan& p) { return p.seq_len != 0; }
+DSV4_HD int32_t online_decode_q(const DecodePlan& p) { return int32_t((p.seq_len - 1u) % 128u); }
+
+// ---- safe softmax -----------------------------------------------------------------------------
+
+DSV4_HD float fexp(float x) { return expf(x); }
+
+// Running safe-softmax state of one channel: m = max of the folded logits, s = sum e^(z-m),
+// a = sum e^(z-m) kv (unnormalised). Empty: (-FLT_MAX, 0, 0).
+struct SoftmaxState {
+  float m, s, a;
+};
+
+DSV4_HD SoftmaxState softmax_empty() { return SoftmaxState{-FLT_MAX, 0.0f, 0.0f}; }
+
+// Fold U rows at once (one rescale per chunk). Absent rows (present[u] false) contribute
+// nothing; their z / kv values are ignored.
+template <int U>
+DSV4_HD void softmax_fold(SoftmaxState& st, const float (&z)[U], const float (&kv)[U],
+                          const bool (&present)[U]) {
+  float cm = st.m;
+#pragma unroll
+  for (int u = 0; u < U; ++u) cm = present[u] ? fmaxf(cm, z[u]) : cm;
+  const float scale = fexp(st.m - cm);
+  float s = st.s * scale, a = st.a * scale;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const float e = present[u] ? fexp(z[u] - cm) : 0.0f;
+    s += e;
+    a += e * kv[u];
+  }
+  st.m = cm;
+  st.s = s;
+  st.a = a;
+}
+
+// x <- merge(x, y) (SPEC 3.5 merge of two partial states, unnormalised form).
+DSV4_HD void softmax_merge(SoftmaxState& x, const SoftmaxState& y) {
+  const float M = fmaxf(x.m, y.m);
+  const float sx = fexp(x.m - M), sy = fexp(y.m - M);
+  x.s = x.s * sx + y.s * sy;
+  x.a = x.a * sx + y.a * sy;
+  x.m = M;
+}
+
+// Normalised pooled value; a window with no present row gives 0 (never 0/0).
+DSV4_HD float softmax_value(const SoftmaxState& st) { return st.s > 0.0f ? st.a / st.s : 0.0f; }
+
+// Online running state (m | S | K, K normalised) -> softmax state. An empty state stored in
+// bf16 reads back m = -inf (-FLT_MAX rounds up); clamping keeps merges free of inf - inf.
+DSV4_HD SoftmaxState from_online(float m, float S, float K) {
+  return SoftmaxState{fmaxf(m, -FLT_MAX), S, K * S};
+}
+
+// ---- kernel parameters (both backends) --------------------------------------------------------
+
+struct Params {
+  void* state;          // kv_score_buffer (TS)
+  const void* input;    // kv_score_input (TI)
+  const void* ape;      // [win, hd], ape_type
+  const uint8_t* plan;  // records of this pass
+  void* out;            // [N, hd] out_type (nullptr: this pass writes no output)
+  int64_t num_state_rows;  // flat rows of the state buffer
+  int64_t num_in_rows;     // rows of kv_score_input
+  int64_t num_records;     // records of this pass
+  int64_t num_out_rows;    // rows of out
+  int32_t hd;
+  int32_t cr;
+  int32_t ape_type;
+  int32_t out_type;
+  int32_t online_store;  // online prefill pass over plan_w: store (M, S, K), no output
+};
+
+}  // namespace compress
+}  // namespace dsv4

@@ -1,0 +1,139 @@
+// GPU planner kernels (CUDA and HIP from the same source). The per-item math is plan_math.h,
+// shared with the CPU planner; these kernels only map threads onto it.
+//
+//   plan_decode_kernel<kBlock>        one thread per batch entry -> DecodePlan
+//   plan_prefill_scan_kernel<kMax>    one block: per-request offsets + counts from device
+//                                     lengths (no host sync; CUDA-graph capturable)
+//   plan_prefill_emit_kernel<kBlock>  one thread per plan row: records of ragged token t and
+//                                     the invalid padding of row t
+//
+// Explicit instantiations used by the glue: DSV4_PLAN_INSTANTIATE_KERNELS() below.
+#pragma once
+
+#include "plan_math.h"
+
+#if defined(DSV4_GPU_COMPILER)
+
+namespace dsv4 {
+
+constexpr int kPlanBlock = 256;       // decode / emit kernels (a multiple of 64)
+constexpr int kPlanScanBlock = 1024;  // the scan kernel's largest block (a multiple of 64)
+
+template <int kBlock>
+__global__ void __launch_bounds__(kBlock)
+    plan_decode_kernel(PlanParams p, const int64_t* __restrict__ req_pool_indices,
+                       const int64_t* __restrict__ seq_lens, int32_t batch,
+                       DecodePlan* __restrict__ out) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t b = int64_t(blockIdx.x) * kBlock + threadIdx.x;
+  if (b >= batch) return;
+  out[b] = decode_record(p, req_pool_indices[b], seq_lens[b]);
+}
+
+// Exclusive prefix sum over the block (blockDim.x <= kMax threads); `total` gets the sum of
+// all values. `sh` holds kMax entries; it is free again when this returns.
+template <int kMax>
+DSV4_DEVICE int64_t block_exclusive_scan(int64_t v, int64_t* sh, int64_t& total) {
+  const int tid = threadIdx.x;
+  const int n = blockDim.x;
+  sh[tid] = v;
+  __syncthreads();
+  for (int off = 1; off < n; off <<= 1) {
+    const int64_t add = tid >= off ? sh[tid - off] : 0;
+    __syncthreads();
+    sh[tid] += add;
+    __syncthreads();
+  }
+  const int64_t inclusive = sh[tid];
+  total = sh[n - 1];
+  __syncthreads();
+  return inclusive - v;
+}
+
+// Same result as build_request_offsets() (plan_math.h), computed by one block: each thread
+// owns a contiguous chunk of requests; two block scans (ragged offsets, then the record counts
+// packed as c + (w << 32), both <= 65536). Writes offs[0..batch] and counts[2].
+template <int kMax>
+__global__ void __launch_bounds__(kMax)
+    plan_prefill_scan_kernel(PlanParams p, const int64_t* __restrict__ seq_lens,
+                             const int64_t* __restrict__ extend_lens, int32_t batch,
+                             int64_t num_q_tokens, ReqOffsets* __restrict__ offs,
+                             int32_t* __restrict__ counts) {
+  __shared__ int64_t sh[kMax];
+  pdl_wait();
+  pdl_trigger();
+  const int nthreads = blockDim.x;
+  const int32_t chunk = (batch + nthreads - 1) / nthreads;
+  const int32_t begin = min(batch, int32_t(threadIdx.x) * chunk);
+  const int32_t end = min(batch, begin + chunk);
+
+  int64_t local_tokens = 0;
+  for (int32_t i = begin; i < end; ++i) {
+    int64_t sl = seq_lens[i], el = extend_lens[i];
+    sanitize_lengths(sl, el);
+    local_tokens += el;
+  }
+  int64_t all_tokens = 0;
+  int64_t tokens = block_exclusive_scan<kMax>(local_tokens, sh, all_tokens);
+
+  int64_t local_packed = 0;
+  for (int32_t i = begin; i < end; ++i) {
+    int64_t sl = seq_lens[i], el = extend_lens[i];
+    sanitize_lengths(sl, el);
+    const int64_t tok = min64(tokens, num_q_tokens);
+    tokens += el;
+    const RecordCounts n = request_counts(p, sl, min64(tokens, num_q_tokens) - tok);
+    offs[i] = ReqOffsets{int32_t(tok), int32_t(n.c), int32_t(n.w), int32_t(sl)};
+    local_packed += n.c + (n.w << 32);
+  }
+  int64_t all_packed = 0;
+  const int64_t base = block_exclusive_scan<kMax>(local_packed, sh, all_packed);
+
+  int64_t c = base & 0xffffffffll, w = base >> 32;
+  for (int32_t i = begin; i < end; ++i) {
+    ReqOffsets r = offs[i];  // written by this thread above
+    const int32_t nc = r.c, nw = r.w;
+    r.c = int32_t(c);
+    r.w = int32_t(w);
+    offs[i] = r;
+    c += nc;
+    w += nw;
+  }
+  if (threadIdx.x == 0) {
+    const int32_t total_c = int32_t(all_packed & 0xffffffffll);
+    const int32_t total_w = int32_t(all_packed >> 32);
+    offs[batch] = ReqOffsets{int32_t(min64(all_tokens, num_q_tokens)), total_c, total_w, 0};
+    counts[0] = total_c;
+    counts[1] = total_w;
+  }
+}
+
+template <int kBlock>
+__global__ void __launch_bounds__(kBlock)
+    plan_prefill_emit_kernel(PlanParams p, const int64_t* __restrict__ req_pool_indices,
+                             const ReqOffsets* __restrict__ offs, int32_t batch,
+                             int32_t num_rows, uint8_t* __restrict__ plan_c,
+                             uint8_t* __restrict__ plan_w) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t t = int64_t(blockIdx.x) * kBlock + threadIdx.x;
+  if (t >= num_rows) return;
+  plan_prefill_row(p, req_pool_indices, offs, batch, t, plan_c, plan_w);
+}
+
+}  // namespace dsv4
+
+// The kernel instantiations the glue launches (a HIP compile check can expand this macro at
+// namespace scope of a translation unit that includes this header).
+#define DSV4_PLAN_INSTANTIATE_KERNELS()                                                        \
+  template __global__ void dsv4::plan_decode_kernel<dsv4::kPlanBlock>(                         \
+      dsv4::PlanParams, const int64_t*, const int64_t*, int32_t, dsv4::DecodePlan*);           \
+  template __global__ void dsv4::plan_prefill_scan_kernel<dsv4::kPlanScanBlock>(               \
+      dsv4::PlanParams, const int64_t*, const int64_t*, int32_t, int64_t, dsv4::ReqOffsets*,   \
+      int32_t*);                                                                               \
+  template __global__ void dsv4::plan_prefill_emit_kernel<dsv4::kPlanBlock>(                   \
+      dsv4::PlanParams, const int64_t*, const dsv4::ReqOffsets*, int32_t, int32_t, uint8_t*,  \
+      uint8_t*);
+
+#endif  // DSV4_GPU_COMPILER

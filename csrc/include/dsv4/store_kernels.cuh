@@ -1,0 +1,278 @@
+// compress_norm_rope_store GPU kernel (SPEC 1.3 and 4), shared by CUDA and HIP.
+//
+// One 32-lane group (kLaneGroup) per token, several tokens per block. Lane l holds dims
+// 128*j + 4*l + k (store_math.h's lane layout): every load and store instruction of a group
+// then touches one contiguous stretch of the row / cache slot. The RMS sum and the amaxes
+// are group reductions through the width-32 shuffles of portability.h (so a 64-lane AMD
+// wavefront runs two tokens, one per half); the 128-point Hadamard is two in-thread
+// butterfly stages followed by five xor-shuffle stages.
+//
+// Instantiation: compress_norm_rope_store_kernel<Format, KvT> with Format one of
+// kStoreFp8DsMla, kStoreBf16, kStoreFp8Indexer, kStoreFp4Indexer and KvT float or uint16_t
+// (bf16 bits), e.g.
+//   template __global__ void dsv4::compress_norm_rope_store_kernel<dsv4::kStoreBf16, float>(
+//       dsv4::StoreKernelArgs);
+#pragma once
+
+#include "store_math.h"
+
+#if defined(DSV4_GPU_COMPILER)
+
+namespace dsv4 {
+
+constexpr int kStoreMaxBlockThreads = 256;  // a multiple of 64: whole wavefronts on AMD
+
+struct StoreKernelArgs {
+  const void* kv;           // [n_rows, hd], KvT elements, contiguous
+  const uint8_t* plan;      // [n_rows, 16] DecodePlan or CompressPlan records
+  const void* norm_weight;  // [hd] fp32 (w_bf16 false) or bf16 bits
+  const float* freqs;       // [max_pos, 64] (cos, sin) pairs
+  const void* out_loc;      // [num_out_loc] int32 (loc64 false) or int64
+  uint8_t* cache;           // num_pages pages of page_bytes
+  int64_t n_rows;
+  int64_t num_out_loc;
+  int64_t max_pos;
+  int64_t num_pages;
+  int64_t page_bytes;
+  int64_t page_size;
+  int log2_page_size;
+  int compress_ratio;
+  float eps;
+  bool is_decode;
+  bool w_bf16;
+  bool loc64;
+  bool vec_in;   // kv, norm_weight, freqs and plan are 16-byte aligned: vector loads
+  bool vec_out;  // cache and page_bytes are 8-byte aligned: 2/4/8-byte stores
+};
+
+namespace store_detail {
+
+DSV4_DEVICE void load4(const float* p, bool vec, float (&v)[4]) {
+  if (vec) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = p[k];
+  }
+}
+
+DSV4_DEVICE void load4(const uint16_t* p, bool vec, float (&v)[4]) {
+  if (vec) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = bf16_to_f32(uint16_t(q.x & 0xffffu));
+    v[1] = bf16_to_f32(uint16_t(q.x >> 16));
+    v[2] = bf16_to_f32(uint16_t(q.y & 0xffffu));
+    v[3] = bf16_to_f32(uint16_t(q.y >> 16));
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = bf16_to_f32(p[k]);
+  }
+}
+
+// Little-endian stores of 2, 4 and 8 bytes; byte by byte when the cache is not aligned.
+DSV4_DEVICE void store_bytes(uint8_t* p, uint32_t v, int n) {
+#pragma unroll 4
+  for (int i = 0; i < n; ++i) p[i] = uint8_t(v >> (8 * i));
+}
+DSV4_DEVICE void store_u16(uint8_t* p, uint32_t v, bool vec) {
+  if (vec) *reinterpret_cast<uint16_t*>(p) = uint16_t(v);
+  else store_bytes(p, v, 2);
+}
+DSV4_DEVICE void store_u32(uint8_t* p, uint32_t v, bool vec) {
+  if (vec) *reinterpret_cast<uint32_t*>(p) = v;
+  else store_bytes(p, v, 4);
+}
+DSV4_DEVICE void store_u64(uint8_t* p, uint32_t lo, uint32_t hi, bool vec) {
+  if (vec) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+  } else {
+    store_bytes(p, lo, 4);
+    store_bytes(p + 4, hi, 4);
+  }
+}
+
+DSV4_DEVICE uint32_t pack4(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
+  return uint32_t(a) | (uint32_t(b) << 8) | (uint32_t(c) << 16) | (uint32_t(d) << 24);
+}
+
+// Max over the lanes that share bits >= log2(width) of the lane index (width 8 or 16 lanes
+// = 32 or 64 dims). Exact, so the reduction order does not matter.
+template <int kWidth>
+DSV4_DEVICE float subgroup_max(float v) {
+#pragma unroll
+  for (int m = kWidth / 2; m > 0; m >>= 1) {
+    const float o = shfl_xor(v, m);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+// max |v| starting from 0, so that a NaN is never selected (same rule as the CPU loops):
+// every lane of a group then agrees on the amax.
+DSV4_DEVICE float abs_max4(const float (&v)[4]) {
+  float m = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) m = fabsf(v[k]) > m ? fabsf(v[k]) : m;
+  return m;
+}
+
+}  // namespace store_detail
+
+template <int kFormat, typename KvT>
+__global__ void __launch_bounds__(kStoreMaxBlockThreads)
+    compress_norm_rope_store_kernel(StoreKernelArgs a) {
+  using namespace store_detail;
+  constexpr int kHd = store_head_dim(kFormat);
+  constexpr int kJ = kHd / 128;  // 4-value chunks per lane
+  const int lane = int(threadIdx.x) % kLaneGroup;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+
+  // Everything below reads what earlier kernels of the stream wrote (plan, kv, out_loc).
+  pdl_wait();
+  if (t >= a.n_rows) return;  // uniform over the lane group
+
+  // Round 1: the plan record (broadcast to the group) and the norm weights.
+  const uint8_t* rec = a.plan + t * 16;
+  uint32_t seq_len, word1;
+  if (a.vec_in) {
+    const uint2 q = *reinterpret_cast<const uint2*>(rec);
+    seq_len = q.x;
+    word1 = q.y;
+  } else {
+    seq_len = uint32_t(rec[0]) | (uint32_t(rec[1]) << 8) | (uint32_t(rec[2]) << 16) |
+              (uint32_t(rec[3]) << 24);
+    word1 = uint32_t(rec[4]) | (uint32_t(rec[5]) << 8) | (uint32_t(rec[6]) << 16) |
+            (uint32_t(rec[7]) << 24);
+  }
+  float w[kJ][4];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    if (a.w_bf16)
+      load4(static_cast<const uint16_t*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
+    else
+      load4(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
+  }
+  int64_t loc_index = 0, pos = 0;
+  if (!store_row_target(seq_len, int32_t(word1), a.is_decode, a.compress_ratio, t,
+                        a.num_out_loc, a.max_pos, &loc_index, &pos))
+    return;  // inactive row: writes nothing
+
+  // Round 2: destination, the row, and the rope lanes' (cos, sin) pairs.
+  const int64_t loc = a.loc64 ? static_cast<const int64_t*>(a.out_loc)[loc_index]
+                              : int64_t(static_cast<const int32_t*>(a.out_loc)[loc_index]);
+  float x[kJ][4];
+  const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
+  const bool rope_lane = lane >= kLaneGroup / 2;  // dims hd-64.. live in chunk kJ-1, lanes 16..31
+  float f[4] = {1.0f, 0.0f, 1.0f, 0.0f};
+  if (rope_lane) load4(a.freqs + pos * kRopeDim + 4 * (lane - kLaneGroup / 2), a.vec_in, f);
+
+  pdl_trigger();
+
+  const int64_t page = store_page_of(loc, a.log2_page_size, a.num_pages);
+  if (page < 0) return;  // negative or past the cache: writes nothing
+  const int64_t off = loc & (a.page_size - 1);
+  uint8_t* page_base = a.cache + page * a.page_bytes;
+  uint8_t* data = page_base + store_data_offset(kFormat, off);
+  uint8_t* scales = page_base + store_scale_offset(kFormat, a.page_size, off);
+
+  // RMSNorm: per-lane partial sum in (j, k) order, then the group's xor-butterfly sum.
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[j][k]);
+  const float inv = rms_inv(group_sum(acc), kHd, a.eps);
+  float y[kJ][4];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y[j][k] = norm_value(x[j][k], inv, w[j][k]);
+
+  // RoPE on the last 64 dims: pairs (k = 0, 1) and (2, 3) of the last chunk.
+  if (rope_lane) {
+    rope_pair(y[kJ - 1][0], y[kJ - 1][1], f[0], f[1]);
+    rope_pair(y[kJ - 1][2], y[kJ - 1][3], f[2], f[3]);
+  }
+
+  if constexpr (kFormat == kStoreFp8DsMla) {
+    // bf16-round first; one UE8M0 scale per 64 dims = 16 lanes of one chunk.
+    float yb[kJ][4];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) yb[j][k] = round_to_bf16(y[j][k]);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const float amax = subgroup_max<16>(abs_max4(yb[j]));
+      const int group = 2 * j + lane / 16;  // dims 64*group .. 64*group+63
+      if (group < kDsMlaNopeDim / kDsMlaGroup) {
+        const uint8_t e = ds_mla_exponent(amax);
+        const float s = ue8m0_inv_scale(e);
+        store_u32(data + lane_dim(j, lane, 0),
+                  pack4(ds_mla_code(yb[j][0], s), ds_mla_code(yb[j][1], s),
+                        ds_mla_code(yb[j][2], s), ds_mla_code(yb[j][3], s)),
+                  a.vec_out);
+        if (lane % 16 == 0) scales[group] = e;
+      } else {
+        // Rope dims 448..511 as bf16 at byte 448 + 2*(dim-448) = 2*dim - 448.
+        const uint32_t lo = uint32_t(f32_to_bf16(y[j][0])) | (uint32_t(f32_to_bf16(y[j][1])) << 16);
+        const uint32_t hi = uint32_t(f32_to_bf16(y[j][2])) | (uint32_t(f32_to_bf16(y[j][3])) << 16);
+        store_u64(data + 2 * lane_dim(j, lane, 0) - kDsMlaNopeDim, lo, hi, a.vec_out);
+        // Scale byte 7 is unused by the format and left untouched (as by the CPU kernel and
+        // dsv4_ops.reference.store): a store writes exactly 576 + 7 bytes per token.
+      }
+    }
+  } else if constexpr (kFormat == kStoreBf16) {
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const uint32_t lo = uint32_t(f32_to_bf16(y[j][0])) | (uint32_t(f32_to_bf16(y[j][1])) << 16);
+      const uint32_t hi = uint32_t(f32_to_bf16(y[j][2])) | (uint32_t(f32_to_bf16(y[j][3])) << 16);
+      store_u64(data + 2 * lane_dim(j, lane, 0), lo, hi, a.vec_out);
+    }
+  } else {
+    // Indexer (hd 128, one chunk): Walsh-Hadamard, Sylvester order. Index bits 0-1 = k
+    // (in-thread), bits 2-6 = lane bits 0-4 (shuffles); stages in bit order 0..6.
+    static_assert(kJ == 1, "indexer formats have head_dim 128");
+    float* v = y[0];
+    hadamard_pair(v[0], v[1]);
+    hadamard_pair(v[2], v[3]);
+    hadamard_pair(v[0], v[2]);
+    hadamard_pair(v[1], v[3]);
+#pragma unroll
+    for (int m = 1; m < kLaneGroup; m <<= 1) {
+      const bool upper = (lane & m) != 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = hadamard_side(v[k], shfl_xor(v[k], m), upper);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] *= kHadamardScale;
+
+    if constexpr (kFormat == kStoreFp8Indexer) {
+      const float scale = fp8_indexer_scale(group_max(abs_max4(y[0])));
+      store_u32(data + 4 * lane,
+                pack4(fp8_indexer_code(v[0], scale), fp8_indexer_code(v[1], scale),
+                      fp8_indexer_code(v[2], scale), fp8_indexer_code(v[3], scale)),
+                a.vec_out);
+      if (lane == 0) store_u32(scales, f32_bits(scale), a.vec_out);
+    } else {
+      static_assert(kFormat == kStoreFp4Indexer, "unknown store format");
+      // One UE8M0 scale per 32 dims = 8 lanes.
+      const uint8_t e = fp4_exponent(subgroup_max<8>(abs_max4(y[0])));
+      const float s = ue8m0_inv_scale(e);
+      const uint32_t b0 = uint32_t(fp4_code(v[0], s)) | (uint32_t(fp4_code(v[1], s)) << 4);
+      const uint32_t b1 = uint32_t(fp4_code(v[2], s)) | (uint32_t(fp4_code(v[3], s)) << 4);
+      store_u16(data + 2 * lane, b0 | (b1 << 8), a.vec_out);
+      if (lane % 8 == 0) scales[lane / 8] = e;
+    }
+  }
+}
+
+}  // namespace dsv4
+
+#endif  // DSV4_GPU_COMPILER

@@ -1,0 +1,155 @@
+// compress_norm_rope_store (SPEC 1.3 and 4): torch-free math shared by the CPU kernel
+// (store_cpu.cpp) and the GPU kernel (store_kernels.cuh).
+//
+// Both backends walk a token with the same "lane layout": 32 lanes, lane l holding the
+// values of dims 128*j + 4*l + k (j < hd/128, k < 4). The GPU runs one lane per thread; the
+// CPU loops over the lanes only where the order of fp32 operations depends on the layout
+// (the RMS sum of squares, which is a per-lane partial sum followed by the xor-butterfly
+// tree of group_sum). Everything else is element-wise or exact (max, Hadamard stages in the
+// fixed order bit 0..6), so with the per-value functions below the two backends produce
+// bit-identical caches. All products that feed an addition go through an explicit fmaf, so
+// no compiler contraction (nvcc and hipcc fuse a*b+c by default) can change a rounding.
+#pragma once
+
+#include <math.h>
+
+#include "numerics.h"
+#include "plan_records.h"
+
+namespace dsv4 {
+
+// ---- store formats (SPEC 4 table) ---------------------------------------------------------
+
+enum StoreFormat : int {
+  kStoreFp8DsMla = 0,   // hd 512: 448 e4m3 + 64 bf16 rope dims, 7 UE8M0 scales (+1 unused byte)
+  kStoreBf16 = 1,       // hd 512: 512 bf16
+  kStoreFp8Indexer = 2, // hd 128: 128 e4m3, one fp32 scale
+  kStoreFp4Indexer = 3, // hd 128: 128 e2m1 nibbles, 4 UE8M0 scales
+};
+
+constexpr int kRopeDim = 64;
+constexpr int kDsMlaNopeDim = 448;   // dims quantised to e4m3 in fp8_ds_mla
+constexpr int kDsMlaGroup = 64;      // dims per UE8M0 scale in fp8_ds_mla
+constexpr int kFp4Group = 32;        // dims per UE8M0 scale in fp4_indexer
+constexpr float kScaleFloor = 1e-4f; // amax floor of every scale rule
+constexpr float kE4m3Max = 448.0f;
+constexpr float kE2m1Max = 6.0f;
+// 1/sqrt(128) rounded to fp32; the Hadamard multiplies by it once, after all butterflies.
+constexpr float kHadamardScale = 0.08838834764831845f;
+
+DSV4_HD constexpr int store_head_dim(int fmt) {
+  return (fmt == kStoreFp8DsMla || fmt == kStoreBf16) ? 512 : 128;
+}
+// Bytes of one token's data in a page (the "token data" column of the table).
+DSV4_HD constexpr int64_t store_data_bytes(int fmt) {
+  return fmt == kStoreFp8DsMla ? 576 : fmt == kStoreBf16 ? 1024 : fmt == kStoreFp8Indexer ? 128 : 64;
+}
+// Bytes between consecutive tokens' scales (0: none). fp8_ds_mla: 7 UE8M0 bytes + 1 unused
+// byte, which the store never writes.
+DSV4_HD constexpr int64_t store_scale_bytes(int fmt) {
+  return fmt == kStoreFp8DsMla ? 8 : fmt == kStoreBf16 ? 0 : 4;
+}
+// Minimum page bytes of the format for `page_size` tokens per page.
+DSV4_HD constexpr int64_t store_page_bytes(int fmt, int64_t page_size) {
+  return fmt == kStoreFp8DsMla ? (584 * page_size + 575) / 576 * 576
+                               : (store_data_bytes(fmt) + store_scale_bytes(fmt)) * page_size;
+}
+// Byte offsets inside a page of token `off`'s data and scales.
+DSV4_HD constexpr int64_t store_data_offset(int fmt, int64_t off) { return off * store_data_bytes(fmt); }
+DSV4_HD constexpr int64_t store_scale_offset(int fmt, int64_t page_size, int64_t off) {
+  return store_data_bytes(fmt) * page_size + off * store_scale_bytes(fmt);
+}
+
+// ---- which rows write, and where ----------------------------------------------------------
+
+// Reads plan row t (16 bytes) and decides whether it stores a token. On success returns true
+// with `loc_index` = the index into out_loc (decode: t; prefill: ragged_id) and `pos` = the
+// RoPE position seq_len - compress_ratio, already checked against [0, max_pos).
+//   decode  (DecodePlan):   active iff seq_len % cr == 0 and write_loc >= 0
+//   prefill (CompressPlan): active iff the record is valid (seq_len != 0xFFFFFFFF)
+DSV4_HD bool store_row_target(uint32_t seq_len, int32_t word1, bool is_decode, int compress_ratio,
+                              int64_t t, int64_t num_out_loc, int64_t max_pos, int64_t* loc_index,
+                              int64_t* pos) {
+  int64_t idx;
+  if (is_decode) {
+    if (seq_len % uint32_t(compress_ratio) != 0u || word1 < 0) return false;
+    idx = t;
+  } else {
+    if (seq_len == kInvalidSeqLen) return false;
+    idx = int64_t(uint32_t(word1) & 0xffffu);  // ragged_id: low half of the second word
+  }
+  if (idx >= num_out_loc) return false;
+  const int64_t p = int64_t(seq_len) - compress_ratio;
+  if (p < 0 || p >= max_pos) return false;
+  *loc_index = idx;
+  *pos = p;
+  return true;
+}
+
+// Cache page of `loc`, or -1 when the location writes nothing (negative or past the cache).
+DSV4_HD int64_t store_page_of(int64_t loc, int log2_page_size, int64_t num_pages) {
+  if (loc < 0) return -1;
+  const int64_t page = loc >> log2_page_size;
+  return page < num_pages ? page : -1;
+}
+
+// ---- per-value math --------------------------------------------------------------------------
+
+// Dim held by (j, lane, k) in the lane layout.
+DSV4_HD constexpr int lane_dim(int j, int lane, int k) { return 128 * j + 4 * lane + k; }
+
+// One lane's partial sum of squares: its values in (j, k) order, fused multiply-adds.
+DSV4_HD float sumsq_step(float acc, float x) { return fmaf(x, x, acc); }
+
+// rsqrt(mean(x^2) + eps) from the full sum of squares (hd is a power of two: exact mean).
+DSV4_HD float rms_inv(float sumsq, int hd, float eps) {
+  return 1.0f / sqrtf(fmaf(sumsq, 1.0f / float(hd), eps));
+}
+
+DSV4_HD float norm_value(float x, float inv, float w) { return (x * inv) * w; }
+
+// Rotation of the interleaved pair (re, im) by (c, s) = freqs[pos][2i], freqs[pos][2i+1].
+DSV4_HD void rope_pair(float& re, float& im, float c, float s) {
+  const float r = fmaf(re, c, -(im * s));
+  const float i = fmaf(re, s, im * c);
+  re = r;
+  im = i;
+}
+
+// One Walsh-Hadamard butterfly on (lo, hi) = values whose indices differ in one bit.
+DSV4_HD void hadamard_pair(float& lo, float& hi) {
+  const float a = lo, b = hi;
+  lo = a + b;
+  hi = a - b;
+}
+// The same butterfly seen from one side, given the partner's value (GPU shuffle stages).
+DSV4_HD float hadamard_side(float own, float partner, bool upper) {
+  return upper ? partner - own : own + partner;
+}
+
+DSV4_HD float floor_amax(float amax) { return amax > kScaleFloor ? amax : kScaleFloor; }
+
+// fp8_ds_mla: UE8M0 exponent of a 64-dim group from the amax of its bf16-rounded values.
+DSV4_HD uint8_t ds_mla_exponent(float amax) { return ue8m0_ceil(floor_amax(amax) / kE4m3Max); }
+// fp4_indexer: UE8M0 exponent of a 32-dim group.
+DSV4_HD uint8_t fp4_exponent(float amax) { return ue8m0_ceil(floor_amax(amax) / kE2m1Max); }
+// fp8_indexer: fp32 scale of the whole 128-dim token.
+DSV4_HD float fp8_indexer_scale(float amax) { return floor_amax(amax) / kE4m3Max; }
+
+// Quantised codes. `inv` = ue8m0_inv_scale(e) (exact power of two).
+DSV4_HD uint8_t ds_mla_code(float y_bf16, float inv) { return f32_to_e4m3_satfinite(y_bf16 * inv); }
+DSV4_HD uint8_t fp8_indexer_code(float y, float scale) { return f32_to_e4m3_satfinite(y / scale); }
+DSV4_HD uint8_t fp4_code(float y, float inv) { return f32_to_e2m1(y * inv); }
+
+// Host-side emulation of group_sum's xor-butterfly (portability.h) over 32 lane partials:
+// every lane ends with the same value, so lane 0's result is the group's.
+inline float lane_tree_sum(float (&p)[kLaneGroup]) {
+  for (int m = kLaneGroup / 2; m > 0; m >>= 1) {
+    float q[kLaneGroup];
+    for (int l = 0; l < kLaneGroup; ++l) q[l] = p[l] + p[l ^ m];
+    for (int l = 0; l < kLaneGroup; ++l) p[l] = q[l];
+  }
+  return p[0];
+}
+
+}  // namespace dsv4

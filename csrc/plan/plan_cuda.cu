@@ -1,0 +1,163 @@
+// CUDA/HIP planners: glue around plan_kernels.cuh (math in plan_math.h, shared with the CPU).
+//
+// Prefill with host lengths: validate and scan on the host (counts stay on the host), copy the
+// per-request offsets to the device once (pinned, non-blocking), one emission kernel.
+// Prefill with device lengths: a one-block scan kernel + the emission kernel, no host sync
+// (CUDA-graph capturable); counts stay on the device.
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "cuda_glue.h"
+#include "include/dsv4/plan_kernels.cuh"
+#include "plan/plan_checks.h"
+
+namespace dsv4 {
+namespace {
+
+void check_on_gpu(const char* op, const at::Tensor& req_pool_indices) {
+  DSV4_CHECK(req_pool_indices.is_cuda(), op, "req_pool_indices",
+             "must be on a CUDA device (the plan device) when other inputs are, got ",
+             req_pool_indices.device());
+}
+
+int64_t blocks_for(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+at::Tensor decode_cuda(const char* op, const PlanParams& p, const at::Tensor& req_pool_indices,
+                       const at::Tensor& seq_lens) {
+  check_on_gpu(op, req_pool_indices);
+  check_device(seq_lens, req_pool_indices.device(), op, "seq_lens");
+  c10::cuda::OptionalCUDAGuard guard(req_pool_indices.device());
+  const at::Tensor rpi = req_pool_indices.contiguous();
+  const at::Tensor sl = seq_lens.contiguous();
+  const int64_t B = rpi.size(0);
+  DSV4_CHECK(B <= kMaxInt32, op, "req_pool_indices", "batch size must be < 2^31, got ", B);
+  at::Tensor plan = at::empty({B, int64_t(sizeof(DecodePlan))}, rpi.options().dtype(at::kByte));
+  launch_kernel(plan_decode_kernel<kPlanBlock>, dim3(unsigned(blocks_for(B, kPlanBlock))),
+                dim3(kPlanBlock), 0, current_stream(rpi), pdl_enabled(rpi), p,
+                rpi.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), int32_t(B),
+                reinterpret_cast<DecodePlan*>(plan.data_ptr<uint8_t>()));
+  DSV4_CHECK_LAUNCH();
+  return plan;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
+    const char* op, const PlanParams& p, const at::Tensor& req_pool_indices,
+    const at::Tensor& seq_lens, const at::Tensor& extend_lens, int64_t num_q_tokens,
+    bool host_lengths) {
+  c10::cuda::OptionalCUDAGuard guard(req_pool_indices.device());
+  const at::Tensor rpi = req_pool_indices.contiguous();
+  const int64_t B = rpi.size(0);
+  const at::Device dev = rpi.device();
+  const gpuStream_t stream = current_stream(rpi);
+  const bool pdl = pdl_enabled(rpi);
+  plan::PrefillOutputs o = plan::prefill_outputs(p, num_q_tokens, dev);
+  const std::vector<int64_t> offs_shape = {B + 1, int64_t(sizeof(ReqOffsets) / sizeof(int32_t))};
+  at::Tensor offs = at::empty(offs_shape, rpi.options().dtype(at::kInt));
+  at::Tensor counts;
+  if (host_lengths) {
+    at::Tensor offs_host =
+        at::empty(offs_shape, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+    ReqOffsets* h = reinterpret_cast<ReqOffsets*>(offs_host.data_ptr<int32_t>());
+    plan::host_request_offsets(op, p, seq_lens, extend_lens, num_q_tokens, h);
+    counts = at::empty({2}, seq_lens.options().dtype(at::kInt));
+    counts.data_ptr<int32_t>()[0] = h[B].c;
+    counts.data_ptr<int32_t>()[1] = h[B].w;
+    offs.copy_(offs_host, /*non_blocking=*/true);
+  } else {
+    const at::Tensor sl = seq_lens.contiguous();
+    const at::Tensor el = extend_lens.contiguous();
+    counts = at::empty({2}, seq_lens.options().dtype(at::kInt));
+    int64_t threads = ((B + 63) / 64) * 64;
+    threads = threads < 64 ? 64 : (threads > kPlanScanBlock ? kPlanScanBlock : threads);
+    launch_kernel(plan_prefill_scan_kernel<kPlanScanBlock>, dim3(1), dim3(unsigned(threads)), 0,
+                  stream, pdl, p, sl.data_ptr<int64_t>(), el.data_ptr<int64_t>(), int32_t(B),
+                  num_q_tokens, reinterpret_cast<ReqOffsets*>(offs.data_ptr<int32_t>()),
+                  counts.data_ptr<int32_t>());
+    DSV4_CHECK_LAUNCH();
+  }
+  launch_kernel(plan_prefill_emit_kernel<kPlanBlock>,
+                dim3(unsigned(blocks_for(num_q_tokens, kPlanBlock))), dim3(kPlanBlock), 0, stream,
+                pdl, p, rpi.data_ptr<int64_t>(),
+                reinterpret_cast<const ReqOffsets*>(offs.data_ptr<int32_t>()), int32_t(B),
+                int32_t(num_q_tokens), o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());
+  DSV4_CHECK_LAUNCH();
+  return {o.plan_c, o.plan_w, counts};
+}
+
+at::Tensor plan_decode_cuda(const at::Tensor& req_pool_indices, const at::Tensor& req_to_token,
+                            const at::Tensor& full_to_state, const at::Tensor& seq_lens,
+                            int64_t compress_ratio, int64_t swa_page_size, int64_t ring_size,
+                            bool use_req_ring) {
+  const char* op = "plan_decode";
+  plan::check_batch(op, req_pool_indices, seq_lens, nullptr);
+  check_on_gpu(op, req_pool_indices);
+  const PlanParams p = plan::paged_params(op, req_to_token, full_to_state, compress_ratio,
+                                          swa_page_size, ring_size, use_req_ring,
+                                          req_pool_indices.device());
+  return decode_cuda(op, p, req_pool_indices, seq_lens);
+}
+
+at::Tensor plan_decode_legacy_cuda(const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+                                   int64_t compress_ratio) {
+  const char* op = "plan_decode_legacy";
+  plan::check_batch(op, req_pool_indices, seq_lens, nullptr);
+  return decode_cuda(op, plan::legacy_params(op, compress_ratio), req_pool_indices, seq_lens);
+}
+
+at::Tensor plan_online_decode_cuda(const at::Tensor& req_pool_indices,
+                                   const at::Tensor& seq_lens, int64_t state_slot_offset) {
+  const char* op = "plan_online_decode";
+  plan::check_batch(op, req_pool_indices, seq_lens, nullptr);
+  return decode_cuda(op, plan::online_params(op, state_slot_offset), req_pool_indices, seq_lens);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_prefill_cuda(
+    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, const at::Tensor& extend_lens,
+    const at::Tensor& req_to_token, const at::Tensor& full_to_state, int64_t compress_ratio,
+    int64_t swa_page_size, int64_t ring_size, int64_t num_q_tokens, bool use_req_ring) {
+  const char* op = "plan_prefill";
+  const bool host = plan::check_batch(op, req_pool_indices, seq_lens, &extend_lens);
+  check_on_gpu(op, req_pool_indices);
+  plan::check_prefill_limits(op, req_pool_indices.size(0), num_q_tokens);
+  const PlanParams p = plan::paged_params(op, req_to_token, full_to_state, compress_ratio,
+                                          swa_page_size, ring_size, use_req_ring,
+                                          req_pool_indices.device());
+  return prefill_cuda(op, p, req_pool_indices, seq_lens, extend_lens, num_q_tokens, host);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_prefill_legacy_cuda(
+    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, const at::Tensor& extend_lens,
+    int64_t compress_ratio, int64_t num_q_tokens) {
+  const char* op = "plan_prefill_legacy";
+  const bool host = plan::check_batch(op, req_pool_indices, seq_lens, &extend_lens);
+  check_on_gpu(op, req_pool_indices);
+  plan::check_prefill_limits(op, req_pool_indices.size(0), num_q_tokens);
+  return prefill_cuda(op, plan::legacy_params(op, compress_ratio), req_pool_indices, seq_lens,
+                      extend_lens, num_q_tokens, host);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_online_prefill_cuda(
+    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, const at::Tensor& extend_lens,
+    int64_t num_q_tokens, int64_t state_slot_offset) {
+  const char* op = "plan_online_prefill";
+  const bool host = plan::check_batch(op, req_pool_indices, seq_lens, &extend_lens);
+  check_on_gpu(op, req_pool_indices);
+  plan::check_prefill_limits(op, req_pool_indices.size(0), num_q_tokens);
+  return prefill_cuda(op, plan::online_params(op, state_slot_offset), req_pool_indices, seq_lens,
+                      extend_lens, num_q_tokens, host);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dsv4, CUDA, m) {
+  m.impl("plan_decode", &plan_decode_cuda);
+  m.impl("plan_decode_legacy", &plan_decode_legacy_cuda);
+  m.impl("plan_online_decode", &plan_online_decode_cuda);
+  m.impl("plan_prefill", &plan_prefill_cuda);
+  m.impl("plan_prefill_legacy", &plan_prefill_legacy_cuda);
+  m.impl("plan_online_prefill", &plan_online_prefill_cuda);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,160 @@
+// compress_norm_rope_store, CPU backend: the same per-value math as the GPU kernel
+// (store_math.h), one token at a time over at::parallel_for. The sum of squares follows the
+// GPU's lane layout and reduction tree, so CPU and GPU caches agree bit for bit.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "store/store_checks.h"
+
+namespace dsv4 {
+namespace {
+
+inline float load_f32(const void* p, bool bf16, int64_t i) {
+  return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+inline void put_u16(uint8_t* p, uint16_t v) {
+  p[0] = uint8_t(v);
+  p[1] = uint8_t(v >> 8);
+}
+
+struct CpuStoreArgs {
+  const void* kv;
+  bool kv_bf16;
+  const uint8_t* plan;
+  const void* norm_weight;
+  bool w_bf16;
+  const float* freqs;
+  const void* out_loc;
+  bool loc64;
+  uint8_t* cache;
+  float eps;
+  bool is_decode;
+  int compress_ratio;
+};
+
+// Normalise, rotate, (Hadamard) and store token t. Returns without writing for inactive rows.
+void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
+  const uint8_t* rec = a.plan + t * 16;
+  uint32_t seq_len, word1;
+  std::memcpy(&seq_len, rec, 4);
+  std::memcpy(&word1, rec + 4, 4);
+  int64_t loc_index = 0, pos = 0;
+  if (!store_row_target(seq_len, int32_t(word1), a.is_decode, a.compress_ratio, t, g.num_out_loc,
+                        g.max_pos, &loc_index, &pos))
+    return;
+  const int64_t loc = a.loc64 ? static_cast<const int64_t*>(a.out_loc)[loc_index]
+                              : int64_t(static_cast<const int32_t*>(a.out_loc)[loc_index]);
+  const int64_t page = store_page_of(loc, g.log2_page_size, g.num_pages);
+  if (page < 0) return;
+
+  const int hd = g.head_dim;
+  const int chunks = hd / 128;
+  float x[512], y[512];
+  for (int d = 0; d < hd; ++d) x[d] = load_f32(a.kv, a.kv_bf16, t * hd + d);
+
+  // RMSNorm with the GPU's order: lane partials over (j, k), then the butterfly tree.
+  float partial[kLaneGroup];
+  for (int l = 0; l < kLaneGroup; ++l) {
+    float acc = 0.0f;
+    for (int j = 0; j < chunks; ++j)
+      for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[lane_dim(j, l, k)]);
+    partial[l] = acc;
+  }
+  const float inv = rms_inv(lane_tree_sum(partial), hd, a.eps);
+  for (int d = 0; d < hd; ++d) y[d] = norm_value(x[d], inv, load_f32(a.norm_weight, a.w_bf16, d));
+
+  const float* f = a.freqs + pos * kRopeDim;
+  for (int i = 0; i < kRopeDim / 2; ++i)
+    rope_pair(y[hd - kRopeDim + 2 * i], y[hd - kRopeDim + 2 * i + 1], f[2 * i], f[2 * i + 1]);
+
+  if (hd == 128) {  // Walsh-Hadamard, stages in bit order 0..6, then the 1/sqrt(128) scale
+    for (int bit = 1; bit < 128; bit <<= 1)
+      for (int i = 0; i < 128; ++i)
+        if ((i & bit) == 0) hadamard_pair(y[i], y[i | bit]);
+    for (int i = 0; i < 128; ++i) y[i] *= kHadamardScale;
+  }
+
+  const int64_t off = loc & (g.page_size - 1);
+  uint8_t* base = a.cache + page * g.page_bytes;
+  uint8_t* data = base + store_data_offset(g.format, off);
+  uint8_t* scales = base + store_scale_offset(g.format, g.page_size, off);
+
+  switch (g.format) {
+    case kStoreFp8DsMla: {
+      for (int d = 0; d < hd; ++d) y[d] = round_to_bf16(y[d]);
+      for (int grp = 0; grp < kDsMlaNopeDim / kDsMlaGroup; ++grp) {
+        float amax = 0.0f;
+        for (int d = grp * kDsMlaGroup; d < (grp + 1) * kDsMlaGroup; ++d)
+          amax = std::fabs(y[d]) > amax ? std::fabs(y[d]) : amax;
+        const uint8_t e = ds_mla_exponent(amax);
+        const float s = ue8m0_inv_scale(e);
+        for (int d = grp * kDsMlaGroup; d < (grp + 1) * kDsMlaGroup; ++d) data[d] = ds_mla_code(y[d], s);
+        scales[grp] = e;
+      }
+      for (int d = kDsMlaNopeDim; d < hd; ++d) put_u16(data + 2 * d - kDsMlaNopeDim, f32_to_bf16(y[d]));
+      // scales[7] is unused by the format and left untouched (as on the GPU)
+      break;
+    }
+    case kStoreBf16:
+      for (int d = 0; d < hd; ++d) put_u16(data + 2 * d, f32_to_bf16(y[d]));
+      break;
+    case kStoreFp8Indexer: {
+      float amax = 0.0f;
+      for (int d = 0; d < hd; ++d) amax = std::fabs(y[d]) > amax ? std::fabs(y[d]) : amax;
+      const float scale = fp8_indexer_scale(amax);
+      for (int d = 0; d < hd; ++d) data[d] = fp8_indexer_code(y[d], scale);
+      const uint32_t bits = f32_bits(scale);
+      for (int i = 0; i < 4; ++i) scales[i] = uint8_t(bits >> (8 * i));
+      break;
+    }
+    default: {  // kStoreFp4Indexer
+      for (int grp = 0; grp < hd / kFp4Group; ++grp) {
+        float amax = 0.0f;
+        for (int d = grp * kFp4Group; d < (grp + 1) * kFp4Group; ++d)
+          amax = std::fabs(y[d]) > amax ? std::fabs(y[d]) : amax;
+        const uint8_t e = fp4_exponent(amax);
+        const float s = ue8m0_inv_scale(e);
+        for (int d = grp * kFp4Group; d < (grp + 1) * kFp4Group; d += 2)
+          data[d / 2] = uint8_t(fp4_code(y[d], s) | (fp4_code(y[d + 1], s) << 4));
+        scales[grp] = e;
+      }
+      break;
+    }
+  }
+}
+
+void compress_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& plan,
+                                  const at::Tensor& norm_weight, const at::Tensor& freqs,
+                                  const at::Tensor& out_loc, at::Tensor& kvcache, bool is_decode,
+                                  int64_t compress_ratio, double eps, int64_t page_size,
+                                  c10::string_view store_format) {
+  const StoreGeometry g = check_store_args(kv, plan, norm_weight, freqs, out_loc, kvcache,
+                                           compress_ratio, page_size, store_format, at::kCPU);
+  if (g.n_rows == 0 || g.num_pages == 0) return;
+  CpuStoreArgs a;
+  a.kv = kv.data_ptr();
+  a.kv_bf16 = kv.scalar_type() == at::kBFloat16;
+  a.plan = plan.data_ptr<uint8_t>();
+  a.norm_weight = norm_weight.data_ptr();
+  a.w_bf16 = norm_weight.scalar_type() == at::kBFloat16;
+  a.freqs = freqs.data_ptr<float>();
+  a.out_loc = out_loc.data_ptr();
+  a.loc64 = out_loc.scalar_type() == at::kLong;
+  a.cache = kvcache.data_ptr<uint8_t>();
+  a.eps = float(eps);
+  a.is_decode = is_decode;
+  a.compress_ratio = int(compress_ratio);
+  at::parallel_for(0, g.n_rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) store_token(g, a, t);
+  });
+}
+
+}  // namespace
+}  // namespace dsv4
+
+TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+  m.impl("compress_norm_rope_store", &dsv4::compress_norm_rope_store_cpu);
+}

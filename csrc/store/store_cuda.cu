@@ -1,0 +1,85 @@
+// compress_norm_rope_store, CUDA/HIP glue: checks, device guard, current stream, launch of
+// compress_norm_rope_store_kernel<format, kv type> (csrc/include/dsv4/store_kernels.cuh).
+// No host sync and no host allocation: safe inside CUDA-graph capture.
+#include <torch/library.h>
+
+#include "cuda_glue.h"
+#include "include/dsv4/store_kernels.cuh"
+#include "store/store_checks.h"
+
+namespace dsv4 {
+namespace {
+
+bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+template <int kFormat, typename KvT>
+void launch_store(const StoreKernelArgs& a, gpuStream_t stream, bool pdl) {
+  // Whole 64-thread multiples (AMD wavefronts), at most kStoreMaxBlockThreads, fewer for a
+  // handful of decode rows.
+  const int64_t threads_needed = a.n_rows * kLaneGroup;
+  const int threads = int(std::min<int64_t>(kStoreMaxBlockThreads, (threads_needed + 63) / 64 * 64));
+  const int64_t tokens_per_block = threads / kLaneGroup;
+  const int64_t blocks = (a.n_rows + tokens_per_block - 1) / tokens_per_block;
+  DSV4_CHECK(blocks <= int64_t(0x7fffffff), kStoreOp, "kv", "has too many rows (", a.n_rows, ")");
+  launch_kernel(compress_norm_rope_store_kernel<kFormat, KvT>, dim3(unsigned(blocks)),
+                dim3(unsigned(threads)), 0, stream, pdl, a);
+}
+
+template <typename KvT>
+void launch_for_format(int format, const StoreKernelArgs& a, gpuStream_t stream, bool pdl) {
+  switch (format) {
+    case kStoreFp8DsMla: return launch_store<kStoreFp8DsMla, KvT>(a, stream, pdl);
+    case kStoreBf16: return launch_store<kStoreBf16, KvT>(a, stream, pdl);
+    case kStoreFp8Indexer: return launch_store<kStoreFp8Indexer, KvT>(a, stream, pdl);
+    default: return launch_store<kStoreFp4Indexer, KvT>(a, stream, pdl);
+  }
+}
+
+void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
+                                   const at::Tensor& norm_weight, const at::Tensor& freqs,
+                                   const at::Tensor& out_loc, at::Tensor& kvcache, bool is_decode,
+                                   int64_t compress_ratio, double eps, int64_t page_size,
+                                   c10::string_view store_format) {
+  const StoreGeometry g = check_store_args(kv, plan, norm_weight, freqs, out_loc, kvcache,
+                                           compress_ratio, page_size, store_format, at::kCUDA);
+  if (g.n_rows == 0 || g.num_pages == 0) return;
+  const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
+
+  StoreKernelArgs a;
+  a.kv = kv.data_ptr();
+  a.plan = plan.data_ptr<uint8_t>();
+  a.norm_weight = norm_weight.data_ptr();
+  a.freqs = freqs.data_ptr<float>();
+  a.out_loc = out_loc.data_ptr();
+  a.cache = kvcache.data_ptr<uint8_t>();
+  a.n_rows = g.n_rows;
+  a.num_out_loc = g.num_out_loc;
+  a.max_pos = g.max_pos;
+  a.num_pages = g.num_pages;
+  a.page_bytes = g.page_bytes;
+  a.page_size = g.page_size;
+  a.log2_page_size = g.log2_page_size;
+  a.compress_ratio = int(compress_ratio);
+  a.eps = float(eps);
+  a.is_decode = is_decode;
+  a.w_bf16 = norm_weight.scalar_type() == at::kBFloat16;
+  a.loc64 = out_loc.scalar_type() == at::kLong;
+  a.vec_in = aligned(a.kv, 16) && aligned(a.norm_weight, 16) && aligned(a.freqs, 16) &&
+             aligned(a.plan, 16);
+  a.vec_out = aligned(a.cache, 8) && g.page_bytes % 8 == 0;
+
+  const gpuStream_t stream = current_stream(kvcache);
+  const bool pdl = pdl_enabled(kvcache);
+  if (kv.scalar_type() == at::kBFloat16)
+    launch_for_format<uint16_t>(g.format, a, stream, pdl);
+  else
+    launch_for_format<float>(g.format, a, stream, pdl);
+  DSV4_CHECK_LAUNCH();
+}
+
+}  // namespace
+}  // namespace dsv4
+
+TORCH_LIBRARY_IMPL(dsv4, CUDA, m) {
+  m.impl("compress_norm_rope_store", &dsv4::compress_norm_rope_store_cuda);
+}

@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# The one command to run on the GPU machine, from the repository root:
+#
+#   bash scripts/gpu_session.sh                      # every stage
+#   STAGES="build test" bash scripts/gpu_session.sh  # some stages (e.g. one device call each)
+#
+# Stages (in this order, each optional, a failing stage does not stop the next ones):
+#   build      pip install -e . with the CUDA kernels for sm_90, then checks every op has a CUDA kernel
+#   test       pytest -q over tests/ (junit xml + log)
+#   bench      benchmarks/run.py (results.json / results.md / bandwidth.png)
+#   peer       benchmarks/peer_compare.py against the reference engine's kernels (needs .peer/,
+#              see .peer/README.md; installs .peer/wheels/*.whl into /tmp/site first)
+#   sanitizer  scripts/sanitize.sh: compute-sanitizer memcheck + racecheck over small CUDA tests
+#
+# Environment (all optional):
+#   STAGES        default "build test bench peer sanitizer"
+#   OUT           where results go (default ./gpu_out); at most 8 files are written there:
+#                 summary.txt session.log results.tar.gz junit.xml results.md bandwidth.png
+#                 peer_compare.md sanitizer_summary.txt
+#   PYTHON        interpreter (default python3)
+#   DEADLINE_S    wall-clock budget of the whole session in seconds (default 570: a device
+#                 command is killed at 600 s); each stage gets min(its cap, what is left)
+#   T_BUILD T_TEST T_BENCH T_PEER T_SANITIZER   per-stage caps in seconds
+#   AUTO_BUILD=1  build even without the build stage when dsv4_ops has no CUDA kernels (default 1)
+#   BUILD_MODE    pip (default) | inplace (setup.py build_ext --inplace: incremental rebuilds)
+#   PYTEST_ARGS   extra pytest arguments (e.g. "-x" or "-k cuda")
+#   BENCH_ARGS    extra benchmarks/run.py arguments (e.g. "--quick", "--only compress")
+#   PEER_ARGS     extra benchmarks/peer_compare.py arguments (e.g. "--quick")
+#   SAN_*         see scripts/sanitize.sh
+# Exit status: the number of failed stages (0 = all requested stages passed).
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+export ROOT
+export PY=${PYTHON:-python3}
+export OUT=${OUT:-$ROOT/gpu_out}
+export WORK=${WORK:-/tmp/dsv4_gpu_session}
+STAGES=${STAGES:-"build test bench peer sanitizer"}
+DEADLINE_S=${DEADLINE_S:-570}
+T_BUILD=${T_BUILD:-420}
+T_TEST=${T_TEST:-300}
+T_BENCH=${T_BENCH:-300}
+T_PEER=${T_PEER:-300}
+T_SANITIZER=${T_SANITIZER:-300}
+AUTO_BUILD=${AUTO_BUILD:-1}
+export BUILD_MODE=${BUILD_MODE:-pip}
+export PYTEST_ARGS=${PYTEST_ARGS:-}
+export BENCH_ARGS=${BENCH_ARGS:-}
+export PEER_ARGS=${PEER_ARGS:-}
+export PYTHONUNBUFFERED=1
+RESERVE_S=20   # kept for packaging the results
+
+T_START=$(date +%s)
+DEADLINE=$((T_START + DEADLINE_S))
+mkdir -p "$OUT"
+rm -rf "$WORK"
+mkdir -p "$WORK"
+SUMMARY="$WORK/summary.txt"
+: > "$SUMMARY"
+FAILED=0
+
+say() { echo "[gpu_session $(date +%H:%M:%S)] $*"; }
+want() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# ---------------------------------------------------------------------------------------
+# stage bodies (run in a child bash under `timeout`, output to $WORK/<stage>.log)
+# ---------------------------------------------------------------------------------------
+check_cuda_ops() {
+  "$PY" - <<'EOF'
+import sys, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(0))
+import dsv4_ops
+from dsv4_ops import _library as L
+print("library", L.LIBRARY_PATH)
+missing = [op for op in L.OP_NAMES if not L.has_kernel(op, "CUDA")]
+print(f"CUDA kernels: {len(L.OP_NAMES) - len(missing)}/{len(L.OP_NAMES)} ops" + (f"; missing {missing}" if missing else ""))
+sys.exit(1 if missing else 0)
+EOF
+}
+
+stage_build() {
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+  export MAX_JOBS=${MAX_JOBS:-16}
+  nvcc --version 2>/dev/null | tail -1
+  local rc=1
+  if [ "$BUILD_MODE" = pip ]; then
+    "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . 2>&1 | tail -40
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" != 0 ]; then
+      echo "pip install -e failed (rc $rc); falling back to setup.py build_ext --inplace"
+    fi
+  fi
+  if [ "$rc" != 0 ]; then
+    "$PY" setup.py build_ext --inplace 2>&1 | tail -60
+    rc=${PIPESTATUS[0]}
+  fi
+  [ "$rc" != 0 ] && { echo "build failed (rc $rc)"; return "$rc"; }
+  check_cuda_ops
+}
+
+stage_test() {
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>/dev/null
+  # shellcheck disable=SC2086
+  "$PY" -m pytest -q -rfE -p no:cacheprovider --durations=15 --junitxml="$WORK/junit.xml" tests $PYTEST_ARGS
+}
+
+stage_bench() {
+  local budget=$(( STAGE_TIMEOUT - 90 ))
+  [ "$budget" -lt 30 ] && budget=30
+  # shellcheck disable=SC2086
+  "$PY" benchmarks/run.py --out "$WORK/bench" --budget-s "$budget" $BENCH_ARGS
+}
+
+stage_peer() {
+  if [ ! -f .peer/sgl_bench.py ]; then
+    echo "SKIP: no .peer/sgl_bench.py (copy ../shared/peer to .peer and carry it, see its README)"
+    return 200
+  fi
+  if ls .peer/wheels/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .peer/wheels/*.whl 2>&1 | grep -v "WARNING: Target directory" | tail -20
+  else
+    echo "warning: no .peer/wheels/*.whl; relying on an existing /tmp/site"
+  fi
+  local budget=$(( STAGE_TIMEOUT - 60 ))
+  [ "$budget" -lt 30 ] && budget=30
+  # shellcheck disable=SC2086
+  PYTHONPATH="$ROOT/.peer/stubs:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PY" benchmarks/peer_compare.py --peer-dir .peer --out "$WORK/peer" --budget-s "$budget" $PEER_ARGS
+}
+
+stage_sanitizer() {
+  SAN_TIMEOUT=${SAN_TIMEOUT:-$(( (STAGE_TIMEOUT - 30) / 2 ))} bash scripts/sanitize.sh "$WORK/sanitizer"
+}
+
+export -f check_cuda_ops stage_build stage_test stage_bench stage_peer stage_sanitizer
+
+# ---------------------------------------------------------------------------------------
+# stage runner, key lines, result collection
+# ---------------------------------------------------------------------------------------
+key_lines() {  # the lines of a stage log worth a summary
+  local log=$1 l
+  case $2 in
+    build) grep -E "CUDA kernels:|build failed|error:|Error" "$log" | head -5 ;;
+    test) grep -E "^(FAILED|ERROR) " "$log" | head -15
+          l=$(grep -E "(passed|failed|error|no tests ran).* in [0-9.]+s" "$log" | tail -1)
+          if [ -n "$l" ]; then echo "$l"; else grep -E "^E  " "$log" | head -3; fi ;;
+    bench) grep -E "^\[ceiling\]|rows in|^NOTE|device lost|not importable" "$log" | head -15 ;;
+    peer) grep -E "^SKIP|^\[ceiling\]|^checks |^summary:|cannot|CUDA context|^\[jit\]|^\[graph\]" "$log" | head -15 ;;
+    sanitizer) grep -E "^sanitize" "$log" | head -10 ;;
+  esac
+}
+
+run_stage() {
+  local name=$1 cap=$2
+  if ! want "$name"; then
+    return 0
+  fi
+  local now left t
+  now=$(date +%s)
+  left=$(( DEADLINE - now - RESERVE_S ))
+  t=$(( cap < left ? cap : left ))
+  if [ "$t" -lt 20 ]; then
+    printf '%-10s %-22s %5ss\n' "$name" "SKIPPED (no time left)" 0 >> "$SUMMARY"
+    say "stage $name skipped: no time left"
+    FAILED=$((FAILED + 1))
+    return 0
+  fi
+  say "=== stage $name (timeout ${t}s)"
+  local t0 rc status
+  t0=$(date +%s)
+  STAGE_TIMEOUT=$t timeout -k 15 "$t" bash -c "stage_$name" > "$WORK/$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) status="ok" ;;
+    200) status="SKIPPED" ;;
+    124|137) status="TIMEOUT (${t}s)"; FAILED=$((FAILED + 1)) ;;
+    *) status="FAILED (rc $rc)"; FAILED=$((FAILED + 1)) ;;
+  esac
+  local dt=$(( $(date +%s) - t0 ))
+  printf '%-10s %-22s %5ss\n' "$name" "$status" "$dt" >> "$SUMMARY"
+  key_lines "$WORK/$name.log" "$name" | sed 's/^/           | /' >> "$SUMMARY"
+  say "stage $name: $status in ${dt}s; last lines:"
+  tail -n 12 "$WORK/$name.log" | cut -c1-220
+  collect
+}
+
+collect() {  # (re)build the <= 8 files under $OUT from what $WORK holds so far
+  {
+    echo "dsv4_ops GPU session $(date '+%Y-%m-%d %H:%M:%S'), git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), stages: $STAGES"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
+    echo
+    cat "$SUMMARY"
+  } > "$OUT/summary.txt"
+  local s f
+  : > "$OUT/session.log"
+  for s in build test bench peer sanitizer; do
+    f="$WORK/$s.log"
+    [ -f "$f" ] || continue
+    echo "######## $s" >> "$OUT/session.log"
+    tail -c 2500000 "$f" >> "$OUT/session.log"
+  done
+  [ -f "$WORK/junit.xml" ] && cp "$WORK/junit.xml" "$OUT/junit.xml"
+  [ -f "$WORK/bench/results.md" ] && cp "$WORK/bench/results.md" "$OUT/results.md"
+  [ -f "$WORK/bench/bandwidth.png" ] && cp "$WORK/bench/bandwidth.png" "$OUT/bandwidth.png"
+  [ -f "$WORK/peer/peer_compare.md" ] && cp "$WORK/peer/peer_compare.md" "$OUT/peer_compare.md"
+  [ -f "$WORK/sanitizer/sanitizer_summary.txt" ] && cp "$WORK/sanitizer/sanitizer_summary.txt" "$OUT/sanitizer_summary.txt"
+  # everything (json, full logs, sanitizer reports) in one archive, kept under 15 MiB
+  tar -czf "$OUT/results.tar.gz" -C "$(dirname "$WORK")" "$(basename "$WORK")" 2>/dev/null
+  if [ "$(stat -c %s "$OUT/results.tar.gz" 2>/dev/null || echo 0)" -gt 15000000 ]; then
+    tar -czf "$OUT/results.tar.gz" -C "$(dirname "$WORK")" --exclude='*.log' "$(basename "$WORK")" 2>/dev/null
+  fi
+}
+
+# ---------------------------------------------------------------------------------------
+say "root $ROOT, out $OUT, stages: $STAGES, budget ${DEADLINE_S}s, python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+if ! want build && [ "$AUTO_BUILD" = 1 ] && { want test || want bench || want peer || want sanitizer; }; then
+  if ! check_cuda_ops > "$WORK/precheck.log" 2>&1; then
+    say "dsv4_ops has no CUDA kernels here (see precheck); adding the build stage"
+    tail -3 "$WORK/precheck.log"
+    STAGES="build $STAGES"
+  fi
+fi
+run_stage build "$T_BUILD"
+if want build && ! grep -q "^build *ok" "$SUMMARY"; then
+  say "build failed: later stages still run (they will report what works)"
+fi
+run_stage test "$T_TEST"
+run_stage bench "$T_BENCH"
+run_stage peer "$T_PEER"
+run_stage sanitizer "$T_SANITIZER"
+collect
+
+echo
+echo "==================== gpu_session summary ($(( $(date +%s) - T_START ))s) ===================="
+cat "$SUMMARY"
+echo "files under $OUT:"
+ls -la "$OUT" | tail -n +2
+exit "$FAILED"

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# compute-sanitizer over a small, representative subset of the CUDA tests.
+#
+#   bash scripts/sanitize.sh [OUTDIR]
+#
+# For each tool in SAN_TOOLS (default "memcheck racecheck") runs
+#   compute-sanitizer --tool TOOL python -m pytest -q SAN_TESTS -k SAN_K
+# writing OUTDIR/TOOL.log, and prints one verdict line per tool. Environment:
+#   PYTHON          interpreter (default python3)
+#   SAN_TOOLS       tools to run (memcheck racecheck synccheck initcheck)
+#   SAN_TESTS       test files (default: tests/test_{plan,compress,store}.py that exist, else tests)
+#   SAN_K           pytest -k expression selecting small CUDA cases (see default below)
+#   SAN_TIMEOUT     seconds per tool (default 240)
+#   SAN_EXTRA       extra pytest arguments
+#   COMPUTE_SANITIZER  path of the compute-sanitizer binary
+# Exit status: 0 when every tool ran clean over a non-empty selection, 1 otherwise.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+OUTDIR=${1:-$ROOT/sanitizer_out}
+mkdir -p "$OUTDIR"
+PY=${PYTHON:-python3}
+SAN_TOOLS=${SAN_TOOLS:-"memcheck racecheck"}
+SAN_TIMEOUT=${SAN_TIMEOUT:-240}
+SAN_EXTRA=${SAN_EXTRA:-}
+# Small CUDA cases: the cuda-parametrised kernel tests, without graph capture, torch.compile,
+# the big-batch / limit tests and hypothesis sweeps (slow under instrumentation).
+SAN_K=${SAN_K:-"cuda and not graph and not compile and not large and not limit and not hypothesis and not property and not opcheck and not packaging and not second_gpu and not random"}
+
+if [ -z "${SAN_TESTS:-}" ]; then
+  SAN_TESTS=""
+  for f in tests/test_plan.py tests/test_compress.py tests/test_store.py; do
+    [ -f "$f" ] && SAN_TESTS="$SAN_TESTS $f"
+  done
+  [ -z "$SAN_TESTS" ] && SAN_TESTS="tests"
+fi
+
+find_sanitizer() {
+  if [ -n "${COMPUTE_SANITIZER:-}" ] && [ -x "$COMPUTE_SANITIZER" ]; then echo "$COMPUTE_SANITIZER"; return; fi
+  if command -v compute-sanitizer >/dev/null 2>&1; then command -v compute-sanitizer; return; fi
+  local c
+  for c in "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer \
+           /usr/local/cuda/compute-sanitizer/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer; do
+    [ -x "$c" ] && { echo "$c"; return; }
+  done
+  c=$("$PY" - <<'EOF' 2>/dev/null
+import glob, os, sys
+for p in sys.path:
+    for hit in glob.glob(os.path.join(p, "nvidia", "*", "bin", "compute-sanitizer")) + \
+               glob.glob(os.path.join(p, "nvidia", "cuda_sanitizer_api", "compute-sanitizer", "compute-sanitizer")):
+        if os.access(hit, os.X_OK):
+            print(hit); sys.exit(0)
+EOF
+)
+  [ -n "$c" ] && echo "$c"
+}
+
+SAN=$(find_sanitizer)
+if [ -z "$SAN" ]; then
+  echo "sanitize: compute-sanitizer not found (set COMPUTE_SANITIZER)" | tee "$OUTDIR/sanitizer_summary.txt"
+  exit 1
+fi
+echo "sanitize: $SAN ($("$SAN" --version 2>/dev/null | tail -1))"
+echo "sanitize: tests: $SAN_TESTS  -k \"$SAN_K\""
+
+# What the selection holds (without the sanitizer: fast)
+# shellcheck disable=SC2086
+"$PY" -m pytest -q --collect-only -p no:cacheprovider $SAN_TESTS -k "$SAN_K" $SAN_EXTRA > "$OUTDIR/selection.txt" 2>&1
+n_sel=$(grep -c '::' "$OUTDIR/selection.txt" || true)
+echo "sanitize: $n_sel tests selected (list in selection.txt)"
+
+# Allocations straight from cudaMalloc, so memcheck sees out-of-bounds accesses that the
+# caching allocator would otherwise hide inside larger blocks; few hypothesis examples.
+export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+export DSV4_HYPOTHESIS_EXAMPLES=${DSV4_HYPOTHESIS_EXAMPLES:-3}
+export CUDA_MODULE_LOADING=LAZY
+
+status=0
+: > "$OUTDIR/sanitizer_summary.txt"
+for tool in $SAN_TOOLS; do
+  extra=""
+  [ "$tool" = memcheck ] && extra="--leak-check no"
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout -k 15 "$SAN_TIMEOUT" "$SAN" --tool "$tool" $extra --error-exitcode 99 --print-limit 100 \
+      --target-processes all "$PY" -m pytest -q -p no:cacheprovider -x $SAN_TESTS -k "$SAN_K" $SAN_EXTRA \
+      > "$OUTDIR/$tool.log" 2>&1
+  rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  errs=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTDIR/$tool.log" | tail -1)
+  tests=$(grep -E "(passed|failed|error|no tests ran).* in [0-9.]+s" "$OUTDIR/$tool.log" | tail -1)
+  case $rc in
+    0) verdict="clean" ;;
+    99) verdict="SANITIZER ERRORS"; status=1 ;;
+    124|137) verdict="TIMEOUT after ${SAN_TIMEOUT}s"; status=1 ;;
+    5) verdict="NO TESTS SELECTED"; status=1 ;;
+    *) verdict="TESTS FAILED (rc $rc)"; status=1 ;;
+  esac
+  line="sanitize $tool: $verdict in ${dt}s; ${errs:-no sanitizer summary}; pytest: ${tests:-?}"
+  echo "$line" | tee -a "$OUTDIR/sanitizer_summary.txt"
+  if [ "$rc" != 0 ]; then
+    grep -nE "^=========  (Invalid|Race|Error|Uninitialized|Barrier)|^E   |FAILED" "$OUTDIR/$tool.log" | head -20
+  fi
+done
+exit $status

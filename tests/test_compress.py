@@ -1,0 +1,804 @@
+"""compress_forward (SPEC 3.4, 3.5) against a float64 oracle.
+
+Plans are built here by a small independent Python planner that follows the SPEC rules
+(3.1-3.3, 3.5) with request-ring addressing whose pages are scattered by a random permutation
+(as SWA paging scatters them), so these tests do not depend on the planner ops. Sequences are
+fed the way an engine feeds them (prefill from scratch, unaligned extends, decode steps); every
+compressed token is compared with the pooled value of the whole sequence, every state row with
+the exact bytes it must hold, and every row no plan addresses must stay untouched.
+"""
+import math
+import struct
+
+import pytest
+import torch
+
+import dsv4_ops  # noqa: F401  (registers torch.ops.dsv4)
+
+try:  # the project's oracle (plain PyTorch, float64) once it is on this branch
+    from dsv4_ops import reference as _project_ref
+except ImportError:  # pragma: no cover - until main's reference.py is merged
+    _project_ref = None
+
+OP = torch.ops.dsv4.compress_forward
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+NEG = -torch.finfo(torch.float32).max
+
+
+def win_of(cr):
+    return 8 if cr == 4 else 128
+
+
+def row_of(cr, hd):
+    return 4 * hd if cr == 4 else 2 * hd
+
+
+# ---------------------------------------------------------------------------------------------
+# float64 oracle (SPEC 1.2 / 3.5), whole sequences, no plans
+# ---------------------------------------------------------------------------------------------
+def _local_compressed_tokens(kv_score, ape, cr, hd):
+    x = kv_score.double().cpu()
+    a = ape.double().cpu()
+    n = x.shape[0] // cr
+    if n == 0:
+        return torch.zeros(0, hd, dtype=torch.float64)
+    if cr == 128:
+        w = x[: n * 128].view(n, 128, 2 * hd)
+        z = w[..., hd:] + a
+        return (torch.softmax(z, dim=1) * w[..., :hd]).sum(1)
+    cur = x[: n * 4].view(n, 4, 4 * hd)
+    prev = torch.cat([torch.zeros(1, 4, 4 * hd, dtype=torch.float64), cur[:-1]])
+    kv = torch.cat([prev[..., :hd], cur[..., hd:2 * hd]], dim=1)
+    z = torch.cat([prev[..., 2 * hd:3 * hd] + a[:4], cur[..., 3 * hd:] + a[4:]], dim=1)
+    z[0, :4] = -math.inf  # first window: rows 0..3 do not exist
+    return (torch.softmax(z, dim=1) * kv).sum(1)
+
+
+def _local_online_state(kv_score, ape, hd):
+    x = kv_score.double().cpu()
+    L = x.shape[0]
+    c0 = ((L - 1) // 128) * 128
+    seg = x[c0:L]
+    z = seg[:, hd:] + ape.double().cpu()[: L - c0]
+    m = z.max(0).values
+    e = torch.exp(z - m)
+    S = e.sum(0)
+    return m, S, (e * seg[:, :hd]).sum(0) / S
+
+
+def ref_tokens(kv_score, ape, cr, hd):
+    if _project_ref is not None:
+        return _project_ref.compressed_tokens(kv_score.cpu(), ape.cpu(), cr, hd).double().cpu()
+    return _local_compressed_tokens(kv_score, ape, cr, hd)
+
+
+def ref_online_state(kv_score, ape, hd):
+    if _project_ref is not None:
+        return tuple(t.double().cpu() for t in _project_ref.online_state(kv_score.cpu(), ape.cpu(), hd))
+    return _local_online_state(kv_score, ape, hd)
+
+
+def pool64(kv, score, ape, present):
+    """Softmax pool of explicit rows [n, hd] (float64); absent rows get weight 0."""
+    kv, z = kv.double().cpu(), score.double().cpu() + ape.double().cpu()
+    p = torch.as_tensor(present, dtype=torch.bool)
+    if not bool(p.any()):
+        return torch.zeros(kv.shape[1], dtype=torch.float64)
+    return (torch.softmax(z[p], dim=0) * kv[p]).sum(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# plan records (SPEC 3.1), packed with struct so the layout is checked independently
+# ---------------------------------------------------------------------------------------------
+INVALID_C = (0xFFFFFFFF, 0, 0, -1, -1)
+INVALID_W = (0xFFFFFFFF, -1)
+
+
+def pack(fmt, size, records, n_rows=None, invalid=None):
+    n_rows = len(records) if n_rows is None else n_rows
+    recs = list(records) + [invalid] * (n_rows - len(records))
+    if not recs:
+        return torch.empty(0, size, dtype=torch.uint8)
+    buf = bytearray(b"".join(struct.pack(fmt, *r) for r in recs))
+    return torch.frombuffer(buf, dtype=torch.uint8).view(-1, size).clone()
+
+
+def pack_decode(records):  # (seq_len, write_loc, read_page_0, read_page_1)
+    return pack("<Iiii", 16, records)
+
+
+def pack_compress(records, n_rows=None):  # (seq_len, ragged_id, buffer_len, rp0, rp1)
+    return pack("<IHHii", 16, records, n_rows, INVALID_C)
+
+
+def pack_write(records, n_rows=None):  # (ragged_id, write_loc)
+    return pack("<Ii", 8, records, n_rows, INVALID_W)
+
+
+class Addr:
+    """Request-ring slots (slot = rid*ring + pos%ring) with the ring pages scattered over a
+    larger pool by a random permutation; the spare pages are never addressed."""
+
+    def __init__(self, cr, ring, n_req, gen, spare_pages=3):
+        self.cr, self.ring = cr, ring
+        n_log = n_req * (ring // cr)
+        self.num_pages = n_log + spare_pages
+        self.perm = torch.randperm(self.num_pages, generator=gen)[:n_log].tolist()
+
+    def slot(self, rid, pos):
+        rs = rid * self.ring + pos % self.ring
+        return self.perm[rs // self.cr] * self.cr + rs % self.cr
+
+
+def plan_decode(addr, cr, reqs):
+    """SPEC 3.2; reqs: (rid, seq_len)."""
+    recs = []
+    for rid, s in reqs:
+        p1 = s - 1
+        p0 = max(p1 - cr, 0)
+        wl = addr.slot(rid, p1)
+        recs.append((s, wl, addr.slot(rid, p0) // cr, wl // cr))
+    return recs
+
+
+def plan_prefill(addr, cr, reqs):
+    """SPEC 3.3 (request ring: no band rule); reqs: (rid, seq_len, extend_len).
+    Returns (compress records, their rids, write records)."""
+    win = win_of(cr)
+    pad = addr.ring - win + 2 if addr.ring > win else 0
+    C, rids, W = [], [], []
+    base = 0
+    for b, (rid, sl, el) in enumerate(reqs):
+        prefix = sl - el
+        last_c = (sl // cr) * cr
+        first_w = min(last_c - (4 if cr == 4 else 0), sl - pad)
+        for j in range(el):
+            pos, rag = prefix + j, base + j
+            if (pos + 1) % cr == 0:
+                bl = win - min(j + 1, win)
+                if bl > 0:
+                    rp0, rp1 = addr.slot(rid, max(pos - cr, 0)) // cr, addr.slot(rid, pos) // cr
+                else:
+                    rp0, rp1 = -1, b
+                C.append((pos + 1, rag, bl, rp0, rp1))
+                rids.append(rid)
+            if pos >= first_w:
+                W.append((rag, addr.slot(rid, pos)))
+        base += el
+    return C, rids, W
+
+
+def plan_online_prefill(reqs, off):
+    """SPEC 3.5; reqs: (rid, seq_len, extend_len). Returns (plan_c recs, their rids, plan_w recs,
+    their rids)."""
+    C, crids, W, wrids = [], [], [], []
+    base = 0
+    for rid, sl, el in reqs:
+        prefix = sl - el
+        a = prefix
+        while a < sl:
+            e = min((a // 128 + 1) * 128, sl)
+            rec = (e, base + (e - 1 - prefix), e - a, rid + off, rid)
+            if e % 128 == 0:
+                C.append(rec)
+                crids.append(rid)
+            else:
+                W.append(rec)
+                wrids.append(rid)
+            a = e
+        base += el
+    return C, crids, W, wrids
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison helpers
+# ---------------------------------------------------------------------------------------------
+def bits(t):
+    t = t.detach().cpu().contiguous()
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def assert_bits_equal(a, b, what):
+    ba, bb = bits(a), bits(b)
+    if not torch.equal(ba, bb):
+        bad = (ba != bb).reshape(ba.shape[0], -1).any(1).nonzero().flatten().tolist()
+        raise AssertionError(f"{what}: rows differ bitwise: {bad[:20]}")
+
+
+def out_tol(odt):
+    return (1e-5, 1e-6) if odt == F32 else (2.0 ** -8, 1e-5)
+
+
+def assert_rows_close(got, ref, odt, what, rtol=None, atol=None):
+    r, a = out_tol(odt)
+    rtol = r if rtol is None else rtol
+    atol = a if atol is None else atol
+    g = got.detach().double().cpu()
+    assert torch.isfinite(g).all(), f"{what}: non-finite output"
+    err = (g - ref).abs()
+    lim = atol + rtol * ref.abs()
+    if not bool((err <= lim).all()):
+        i = int(((err - lim) / lim).argmax())
+        raise AssertionError(f"{what}: max violation at flat {i}: got {g.flatten()[i]}, "
+                             f"ref {ref.flatten()[i]}, max abs err {float(err.max()):.3e}")
+
+
+def random_rows(gen, n, cr, hd, exact_bf16):
+    x = torch.randn(n, row_of(cr, hd), generator=gen)
+    # scores a little wider than kv so the softmax is not flat
+    sc = slice(2 * hd, 4 * hd) if cr == 4 else slice(hd, 2 * hd)
+    x[:, sc] *= 2.0
+    return x.to(BF16).float() if exact_bf16 else x
+
+
+# ---------------------------------------------------------------------------------------------
+# offline engine simulation
+# ---------------------------------------------------------------------------------------------
+class OfflineSim:
+    def __init__(self, device, cr, hd, sdt=F32, idt=F32, odt=F32, adt=F32, ring=None,
+                 n_req=4, max_len=64, seed=0):
+        self.dev, self.cr, self.hd = device, cr, hd
+        self.sdt, self.idt, self.odt = sdt, idt, odt
+        self.row = row_of(cr, hd)
+        gen = torch.Generator().manual_seed(seed)
+        # bf16 anywhere: make every value bf16-exact so state stores are lossless and the
+        # oracle sees exactly what the kernel sees
+        exact = BF16 in (sdt, idt)
+        self.X = [random_rows(gen, max_len, cr, hd, exact) for _ in range(n_req)]
+        self.ape = (torch.randn(win_of(cr), hd, generator=gen) * 0.5).to(adt)
+        self.ape_dev = self.ape.to(device)
+        self.ref = [ref_tokens(x, self.ape, cr, hd) for x in self.X]
+        ring = ring if ring is not None else (8 if cr == 4 else 128)
+        self.addr = Addr(cr, ring, n_req, gen)
+        garbage = torch.randn(self.addr.num_pages, cr, self.row, generator=gen).to(sdt)
+        self.state = garbage.to(device)
+        self.exp_state = garbage.clone()
+        self.len = [0] * n_req
+        self.tokens_checked = 0
+
+    def _run(self, inp, plan, plan_w, n_out):
+        out = torch.full((n_out, self.hd), float("nan"), dtype=self.odt, device=self.dev)
+        OP(self.state, inp.to(self.idt).to(self.dev), self.ape_dev, plan.to(self.dev),
+           None if plan_w is None else plan_w.to(self.dev), out, self.hd, self.cr, False)
+        return out.cpu()
+
+    def prefill(self, items, pad=False):
+        """items: (rid, extend_len). pad: plans padded to num_q_tokens with invalid records."""
+        reqs = [(rid, self.len[rid] + el, el) for rid, el in items]
+        C, rids, W = plan_prefill(self.addr, self.cr, reqs)
+        inp = torch.cat([self.X[rid][self.len[rid]:self.len[rid] + el] for rid, el in items])
+        T = inp.shape[0]
+        n_c = T if pad else len(C)
+        plan_c = pack_compress(C, n_c)
+        plan_w = pack_write(W, T if pad else len(W))
+        out = self._run(inp, plan_c, plan_w, n_c)
+        for k, (rec, rid) in enumerate(zip(C, rids)):
+            assert_rows_close(out[k], self.ref[rid][rec[0] // self.cr - 1], self.odt,
+                              f"prefill token rid={rid} s={rec[0]} bl={rec[2]}")
+            self.tokens_checked += 1
+        assert bool((out[len(C):] == 0).all()), "invalid plan rows must be zeros"
+        flat = self.exp_state.view(-1, self.row)
+        for rag, slot in W:
+            flat[slot] = inp[rag].to(self.idt).to(self.sdt)
+        assert_bits_equal(self.state.view(-1, self.row), flat, "state after prefill")
+        for rid, el in items:
+            self.len[rid] += el
+
+    def decode(self, rids):
+        reqs = [(rid, self.len[rid] + 1) for rid in rids]
+        recs = plan_decode(self.addr, self.cr, reqs)
+        inp = torch.stack([self.X[rid][self.len[rid]] for rid in rids])
+        out = self._run(inp, pack_decode(recs), None, len(rids))
+        for b, (rid, s) in enumerate(reqs):
+            if s % self.cr == 0:
+                assert_rows_close(out[b], self.ref[rid][s // self.cr - 1], self.odt,
+                                  f"decode token rid={rid} s={s}")
+                self.tokens_checked += 1
+            else:
+                assert bool((out[b] == 0).all()), f"decode row {b} (s={s}) closes no window: zeros"
+        flat = self.exp_state.view(-1, self.row)
+        for b, rec in enumerate(recs):
+            flat[rec[1]] = inp[b].to(self.idt).to(self.sdt)
+        assert_bits_equal(self.state.view(-1, self.row), flat, "state after decode")
+        for rid in rids:
+            self.len[rid] += 1
+
+
+def run_offline_scenario(sim, cr):
+    if cr == 4:
+        sim.prefill([(2, 13), (0, 4), (3, 1)])            # from scratch, unaligned
+        sim.prefill([(2, 9), (0, 7), (3, 2)], pad=True)   # extends reading the state
+        for _ in range(6):
+            sim.decode([0, 2, 3])
+        sim.prefill([(3, 5), (2, 17), (0, 1)])
+        for _ in range(5):
+            sim.decode([3, 0, 2])
+        sim.prefill([(1, 4)])                             # exactly the first window
+    else:
+        sim.prefill([(2, 200), (0, 128), (3, 5)])
+        sim.prefill([(2, 100), (0, 3), (3, 122)], pad=True)
+        for _ in range(4):
+            sim.decode([0, 2, 3])
+        sim.prefill([(3, 9), (2, 86), (0, 121)])          # rid 0 closes 256 with 7 state rows
+        sim.decode([2, 3, 0])
+    assert sim.tokens_checked > 0
+
+
+DTYPE_COMBOS = [(s, i, o) for s in (F32, BF16) for i in (F32, BF16) for o in (F32, BF16)]
+
+
+@pytest.mark.parametrize("cr", [4, 128])
+@pytest.mark.parametrize("hd", [128, 512])
+@pytest.mark.parametrize("sdt,idt,odt", DTYPE_COMBOS,
+                         ids=[f"s{str(s)[6:]}-i{str(i)[6:]}-o{str(o)[6:]}" for s, i, o in DTYPE_COMBOS])
+def test_offline_sequences(device, cr, hd, sdt, idt, odt):
+    max_len = 64 if cr == 4 else 400
+    sim = OfflineSim(device, cr, hd, sdt, idt, odt, max_len=max_len, seed=cr + hd)
+    run_offline_scenario(sim, cr)
+
+
+@pytest.mark.parametrize("cr,ring", [(4, 16), (128, 256)])
+def test_offline_sequences_speculative_ring(device, cr, ring):
+    # larger rings (speculative decoding): the write rule keeps `pad` more rows
+    sim = OfflineSim(device, cr, 128, ring=ring, max_len=64 if cr == 4 else 400, seed=7)
+    run_offline_scenario(sim, cr)
+
+
+@pytest.mark.parametrize("adt", [BF16, F16])
+@pytest.mark.parametrize("cr", [4, 128])
+def test_ape_dtypes(device, cr, adt):
+    sim = OfflineSim(device, cr, 128, adt=adt, max_len=64 if cr == 4 else 400, seed=11)
+    run_offline_scenario(sim, cr)
+
+
+def test_prefill_long_single_request(device):
+    # many windows from one extend, all read from the input, two requests
+    sim = OfflineSim(device, 4, 512, max_len=300, seed=3)
+    sim.prefill([(1, 257), (0, 30)])
+    sim.prefill([(1, 3), (0, 6)])
+
+
+# ---------------------------------------------------------------------------------------------
+# offline special rules
+# ---------------------------------------------------------------------------------------------
+def _state(device, pages, cr, hd, dt=F32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(pages, cr, row_of(cr, hd), generator=g).to(dt).to(device)
+
+
+def _ape(cr, hd, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(win_of(cr), hd, generator=g) * 0.5
+
+
+def _quarters(cr, hd, r):
+    """(kv slice, score slice) of window row r."""
+    if cr == 128:
+        return slice(0, hd), slice(hd, 2 * hd)
+    return (slice(0, hd), slice(2 * hd, 3 * hd)) if r < 4 else (slice(hd, 2 * hd), slice(3 * hd, 4 * hd))
+
+
+def _pool_rows(cr, hd, rows, ape, present):
+    """rows: list of full kv_score rows (or None) of window rows 0..win-1."""
+    kv = torch.zeros(len(rows), hd, dtype=torch.float64)
+    sc = torch.zeros(len(rows), hd, dtype=torch.float64)
+    for r, x in enumerate(rows):
+        if x is not None:
+            ks, ss = _quarters(cr, hd, r)
+            kv[r], sc[r] = x[ks].double(), x[ss].double()
+    return pool64(kv, sc, ape, present)
+
+
+def test_decode_first_window_ignores_overlap_rows(device):
+    """cr = 4, seq_len == 4: rows 0..3 are absent and page read_page_0 (= the current page)
+    must not be read for them: NaN overlap quarters must not leak into the output."""
+    cr, hd = 4, 128
+    st = _state(device, 3, cr, hd)
+    st[1, :, :hd] = float("nan")             # kv_ovl of the whole page
+    st[1, :, 2 * hd:3 * hd] = float("nan")   # score_ovl
+    ape = _ape(cr, hd)
+    g = torch.Generator().manual_seed(5)
+    new = torch.randn(1, 4 * hd, generator=g)
+    plan = pack_decode([(4, 1 * 4 + 3, 1, 1)])
+    out = torch.full((1, hd), float("nan"), device=device)
+    before = st.clone()
+    OP(st, new.to(device), ape.to(device), plan.to(device), None, out, hd, cr, False)
+    rows = [None] * 4 + [before[1, 0].cpu(), before[1, 1].cpu(), before[1, 2].cpu(), new[0]]
+    ref = _pool_rows(cr, hd, rows, ape, [False] * 4 + [True] * 4)
+    assert_rows_close(out[0], ref, F32, "first window decode")
+    exp = before.cpu().clone()
+    exp[1, 3] = new[0]
+    assert_bits_equal(st.view(-1, 4 * hd), exp.view(-1, 4 * hd), "state")
+
+
+def test_prefill_first_window_ignores_state_rows(device):
+    """Prefill record s = 4 with buffer_len 4 (pages real): rows 0..3 absent whatever the
+    source rule says."""
+    cr, hd = 4, 128
+    st = _state(device, 2, cr, hd)
+    st[0] = float("nan")
+    ape = _ape(cr, hd)
+    g = torch.Generator().manual_seed(6)
+    inp = torch.randn(4, 4 * hd, generator=g)
+    plan_c = pack_compress([(4, 3, 4, 0, 0)])
+    plan_w = pack_write([])
+    out = torch.full((1, hd), float("nan"), device=device)
+    OP(st, inp.to(device), ape.to(device), plan_c.to(device), plan_w.to(device), out, hd, cr, False)
+    rows = [None] * 4 + [inp[i] for i in range(4)]
+    ref = _pool_rows(cr, hd, rows, ape, [False] * 4 + [True] * 4)
+    assert_rows_close(out[0], ref, F32, "first window prefill")
+
+
+@pytest.mark.parametrize("cr", [4, 128])
+def test_decode_uses_state_rounded_new_row(device, cr):
+    """bf16 state, fp32 input that bf16 cannot hold: the just-written row enters the window
+    as its bf16 value (the state is the source), and the state gets the RNE bytes."""
+    hd = 128
+    st = _state(device, 4, cr, hd, BF16, seed=2)
+    ape = _ape(cr, hd)
+    g = torch.Generator().manual_seed(8)
+    new = torch.randn(1, row_of(cr, hd), generator=g) * 1.001
+    page = 2
+    wl = page * cr + cr - 1
+    plan = pack_decode([(cr * 5, wl, 1, page)])
+    out = torch.full((1, hd), float("nan"), device=device)
+    before = st.clone().cpu()
+    OP(st, new.to(device), ape.to(device), plan.to(device), None, out, hd, cr, False)
+    exp = before.clone()
+    exp.view(-1, row_of(cr, hd))[wl] = new[0].to(BF16)
+    assert_bits_equal(st.view(-1, row_of(cr, hd)), exp.view(-1, row_of(cr, hd)), "state")
+    flat = exp.view(-1, row_of(cr, hd)).float()
+    if cr == 4:
+        rows = [flat[1 * 4 + i] for i in range(4)] + [flat[page * 4 + i] for i in range(4)]
+    else:
+        rows = [flat[page * 128 + i] for i in range(128)]
+    ref = _pool_rows(cr, hd, rows, ape, [True] * win_of(cr))
+    assert_rows_close(out[0], ref, F32, "decode with rounded row")
+
+
+@pytest.mark.parametrize("cr", [4, 128])
+def test_negative_and_out_of_range_are_skipped(device, cr):
+    hd = 128
+    row = row_of(cr, hd)
+    pages = 3
+    st = _state(device, pages, cr, hd, seed=4)
+    before = st.clone().cpu()
+    ape = _ape(cr, hd)
+    g = torch.Generator().manual_seed(9)
+    win = win_of(cr)
+    # decode: write_loc -1 / past the buffer, pages -1 / past the buffer -> nothing written,
+    # absent rows -> zeros
+    inp = torch.randn(3, row, generator=g)
+    plan = pack_decode([(2 * cr, -1, -1, -1), (3 * cr, pages * cr, pages, pages + 5),
+                        (3 * cr, pages * cr + 7, -1, 1)])
+    out = torch.full((3, hd), float("nan"), device=device)
+    OP(st, inp.to(device), ape.to(device), plan.to(device), None, out, hd, cr, False)
+    assert bool((out[:2] == 0).all())
+    flat = before.view(-1, row)
+    if cr == 4:  # rows 0..3 from page -1 are absent, rows 4..7 from page 1
+        rows = [None] * 4 + [flat[4 + i] for i in range(4)]
+        ref = _pool_rows(cr, hd, rows, ape, [False] * 4 + [True] * 4)
+    else:
+        ref = _pool_rows(cr, hd, [flat[128 + i] for i in range(128)], ape, [True] * 128)
+    assert_rows_close(out[2], ref, F32, "half-absent decode window")
+    assert_bits_equal(st.view(-1, row), flat, "state untouched")
+
+    # prefill: state pages -1 / out of range and ragged rows before the input are absent;
+    # write records with negative / out-of-range slots or ragged ids are skipped
+    T = win + 2
+    inp = torch.randn(T, row, generator=g)
+    bl = 5 if cr == 4 else 70
+    recs = [(3 * cr, win - 3, bl, -1, -1),          # state rows absent, rows 0..1 before input
+            (3 * cr, T - 1, bl, pages, 99),         # pages past the buffer
+            (3 * cr, T + 4, 0, -1, 0)]              # ragged rows past the input (partly)
+    plan_c = pack_compress(recs)
+    plan_w = pack_write([(0, -1), (1, pages * cr), (T + 3, 0), (2, 5)])
+    out = torch.full((3, hd), float("nan"), device=device)
+    OP(st, inp.to(device), ape.to(device), plan_c.to(device), plan_w.to(device), out, hd, cr, False)
+    for k, (s, rag, b_l, _, _) in enumerate(recs):
+        rows, present = [], []
+        for r in range(win):
+            src = rag - (win - 1) + r
+            ok = r >= b_l and 0 <= src < T
+            rows.append(inp[src] if ok else None)
+            present.append(ok)
+        ref = _pool_rows(cr, hd, rows, ape, present)
+        assert_rows_close(out[k], ref, F32, f"prefill record {k}")
+    exp = flat.clone()
+    exp[5] = inp[2]
+    assert_bits_equal(st.view(-1, row), exp, "only the valid write landed")
+
+
+@pytest.mark.parametrize("cr", [4, 128])
+def test_prefill_compress_reads_before_writes(device, cr):
+    """A write of this batch lands in a slot a compress of the same batch reads from the state:
+    the compress must see the old row."""
+    hd = 128
+    row = row_of(cr, hd)
+    st = _state(device, 2, cr, hd, seed=12)
+    before = st.clone().cpu()
+    ape = _ape(cr, hd)
+    g = torch.Generator().manual_seed(13)
+    win = win_of(cr)
+    T = win
+    inp = torch.randn(T, row, generator=g)
+    bl = 4 if cr == 4 else 64
+    plan_c = pack_compress([(2 * cr, T - 1, bl, 1, 1)])
+    # overwrite every state row the record reads (page 1) with input rows
+    plan_w = pack_write([(i % T, cr + i) for i in range(cr)])
+    out = torch.full((1, hd), float("nan"), device=device)
+    OP(st, inp.to(device), ape.to(device), plan_c.to(device), plan_w.to(device), out, hd, cr, False)
+    flat = before.view(-1, row)
+    rows = []
+    for r in range(win):
+        if r < bl:
+            rows.append(flat[cr + (r % 4 if cr == 4 else r)])
+        else:
+            rows.append(inp[T - 1 - (win - 1) + r])
+    ref = _pool_rows(cr, hd, rows, ape, [True] * win)
+    assert_rows_close(out[0], ref, F32, "compress before write")
+    exp = flat.clone()
+    for i in range(cr):
+        exp[cr + i] = inp[i % T]
+    assert_bits_equal(st.view(-1, row), exp, "writes")
+
+
+def test_empty_plans(device):
+    cr, hd = 4, 128
+    st = _state(device, 2, cr, hd)
+    before = st.clone()
+    out = torch.empty((0, hd), device=device)
+    OP(st, torch.empty(0, 4 * hd, device=device), _ape(cr, hd).to(device),
+       pack_compress([]).to(device), pack_write([]).to(device), out, hd, cr, False)
+    OP(st, torch.empty(0, 4 * hd, device=device), _ape(cr, hd).to(device),
+       pack_decode([]).to(device), None, out, hd, cr, False)
+    assert torch.equal(st, before)
+
+
+# ---------------------------------------------------------------------------------------------
+# online (cr = 128 running state)
+# ---------------------------------------------------------------------------------------------
+def online_step64(prev, kv, sc, ape_rows):
+    """float64 running state (m, S, K) of tokens kv/sc [n, hd] (ape rows by chunk offset),
+    merged after the stored state `prev` = (m, S, K) when given (SPEC 3.5)."""
+    z = sc.double() + ape_rows.double()
+    m2 = z.max(0).values
+    e = torch.exp(z - m2)
+    s2, a2 = e.sum(0), (e * kv.double()).sum(0)
+    if prev is None:
+        return m2, s2, a2 / s2
+    m1, S1, K1 = (t.double() for t in prev)
+    M = torch.maximum(m1, m2)
+    s1p, s2p = S1 * torch.exp(m1 - M), s2 * torch.exp(m2 - M)
+    S = s1p + s2p
+    return M, S, (K1 * s1p + a2 * torch.exp(m2 - M)) / S
+
+
+class OnlineSim:
+    """Checks every step twice: against a step-local float64 oracle that starts from the state
+    the kernel stored before the step (tight for every state dtype: a bf16 state re-enters
+    later merges rounded), and, for an fp32 state, against the whole-sequence oracle."""
+
+    def __init__(self, device, hd, sdt=F32, idt=F32, odt=F32, n_req=4, max_len=400, off=0, seed=0):
+        self.dev, self.hd, self.sdt, self.idt, self.odt, self.off = device, hd, sdt, idt, odt, off
+        gen = torch.Generator().manual_seed(seed)
+        exact = idt == BF16
+        self.X = [random_rows(gen, max_len, 128, hd, exact) for _ in range(n_req)]
+        self.ape = torch.randn(128, hd, generator=gen) * 0.5
+        self.ape_dev = self.ape.to(device)
+        self.ref = [ref_tokens(x, self.ape, 128, hd) for x in self.X]
+        self.n_slots = n_req + off + 2
+        garbage = torch.randn(self.n_slots, 1, 3 * hd, generator=gen).to(sdt)
+        self.state = garbage.to(device)
+        self.prev = garbage.clone()
+        self.len = [0] * n_req
+        self.tokens_checked = 0
+
+    def _run(self, inp, plan, plan_w, n_out):
+        out = torch.full((n_out, self.hd), float("nan"), dtype=self.odt, device=self.dev)
+        OP(self.state, inp.to(self.idt).to(self.dev), self.ape_dev, plan.to(self.dev),
+           None if plan_w is None else plan_w.to(self.dev), out, self.hd, 128, True)
+        return out.cpu()
+
+    def _local(self, rid, e, n, prev_slot):
+        """Step-local oracle of the segment of rid ending at e with n tokens."""
+        hd = self.hd
+        toks = self.X[rid][e - n:e]
+        q = torch.arange(e - n, e) % 128
+        prev = None
+        if (e - n) % 128 != 0 and prev_slot is not None:
+            r = self.prev.view(-1, 3 * hd)[prev_slot].double()
+            prev = (r[:hd], r[hd:2 * hd], r[2 * hd:])
+        return online_step64(prev, toks[:, :hd], toks[:, hd:], self.ape[q])
+
+    def _check_token(self, got, rid, s, local_K, what):
+        assert_rows_close(got, local_K, self.odt, what + " (step oracle)")
+        if self.sdt == F32:
+            assert_rows_close(got, self.ref[rid][s // 128 - 1], self.odt, what + " (sequence oracle)")
+        self.tokens_checked += 1
+
+    def _check_state(self, written):
+        """written: {slot: (rid, L, local (m, S, K))}."""
+        hd = self.hd
+        cur = self.state.cpu().view(-1, 3 * hd)
+        prev = self.prev.view(-1, 3 * hd)
+        for slot in range(self.n_slots):
+            if slot not in written:
+                assert_bits_equal(cur[slot:slot + 1], prev[slot:slot + 1], f"online slot {slot}")
+                continue
+            rid, L, (lm, lS, lK) = written[slot]
+            got = cur[slot]
+            if self.sdt == F32:
+                assert_bits_equal(got[:hd].view(1, -1), lm.float().view(1, -1), f"online M slot {slot}")
+                assert_rows_close(got[hd:2 * hd], lS, F32, f"online S slot {slot}")
+                assert_rows_close(got[2 * hd:], lK, F32, f"online K slot {slot}", 1e-5, 1e-5)
+                # SPEC 4 conformance against the whole sequence: M exact, S and K within 1e-4
+                m, S, K = ref_online_state(self.X[rid][:L].to(self.idt).float(), self.ape, hd)
+                assert_bits_equal(got[:hd].view(1, -1), m.float().view(1, -1), f"online M slot {slot} (seq)")
+                assert_rows_close(got[hd:2 * hd], S, F32, f"online S slot {slot} (seq)", 1e-4, 1e-4)
+                assert_rows_close(got[2 * hd:], K, F32, f"online K slot {slot} (seq)", 1e-4, 1e-4)
+            else:  # bf16 state: the RNE of the fp32 values, within one bf16 ulp
+                u = 2.0 ** -7
+                assert_rows_close(got[:hd], lm, BF16, f"online M slot {slot}", u, 1e-6)
+                assert_rows_close(got[hd:2 * hd], lS, BF16, f"online S slot {slot}", u, 1e-6)
+                assert_rows_close(got[2 * hd:], lK, BF16, f"online K slot {slot}", u, 1e-5)
+        self.prev = self.state.cpu().clone()
+
+    def prefill(self, items, pad=False):
+        reqs = [(rid, self.len[rid] + el, el) for rid, el in items]
+        C, crids, W, wrids = plan_online_prefill(reqs, self.off)
+        inp = torch.cat([self.X[rid][self.len[rid]:self.len[rid] + el] for rid, el in items])
+        T = inp.shape[0]
+        n_c = T if pad else len(C)
+        plan_c = pack("<IHHii", 16, C, n_c, INVALID_C)
+        plan_w = pack("<IHHii", 16, W, T if pad else len(W), INVALID_C)
+        out = self._run(inp, plan_c, plan_w, n_c)
+        for k, (rec, rid) in enumerate(zip(C, crids)):
+            e, _, n, rp0, rp1 = rec
+            _, _, K = self._local(rid, e, n, rp1 if rp1 >= 0 else rp0)
+            self._check_token(out[k], rid, e, K, f"online prefill rid={rid} e={e} n={n}")
+        assert bool((out[len(C):] == 0).all())
+        written = {}
+        for rec, rid in zip(W, wrids):
+            e, _, n, rp0, rp1 = rec
+            written[rp0] = (rid, e, self._local(rid, e, n, rp1 if rp1 >= 0 else rp0))
+        self._check_state(written)
+        for rid, el in items:
+            self.len[rid] += el
+
+    def decode(self, rids):
+        reqs = [(rid, self.len[rid] + 1) for rid in rids]
+        recs = [(s, rid + self.off, rid + self.off, -1) for rid, s in reqs]
+        inp = torch.stack([self.X[rid][self.len[rid]] for rid in rids])
+        out = self._run(inp, pack_decode(recs), None, len(rids))
+        written = {}
+        for b, (rid, s) in enumerate(reqs):
+            local = self._local(rid, s, 1, rid + self.off)  # q == 0 restarts (no prev)
+            if s % 128 == 0:
+                self._check_token(out[b], rid, s, local[2], f"online decode rid={rid} s={s}")
+            else:
+                assert bool((out[b] == 0).all())
+                written[rid + self.off] = (rid, s, local)
+        self._check_state(written)
+        for rid in rids:
+            self.len[rid] += 1
+
+
+def run_online_scenario(sim):
+    sim.prefill([(1, 130), (0, 5), (3, 128)])        # closes + trailing, partial, exact chunk
+    sim.prefill([(1, 200), (0, 70), (3, 2)], pad=True)  # merges with the stored state
+    for _ in range(3):
+        sim.decode([0, 1, 3])
+    sim.prefill([(0, 50)])                             # 78 -> 128: merge + close, no trailing
+    sim.decode([0, 1])                                 # restart at q == 0
+    sim.prefill([(1, 124)])                            # 334 -> 458 crosses 384
+    assert sim.tokens_checked > 0
+
+
+@pytest.mark.parametrize("hd", [128, 512])
+@pytest.mark.parametrize("sdt,idt,odt", DTYPE_COMBOS,
+                         ids=[f"s{str(s)[6:]}-i{str(i)[6:]}-o{str(o)[6:]}" for s, i, o in DTYPE_COMBOS])
+def test_online_sequences(device, hd, sdt, idt, odt):
+    run_online_scenario(OnlineSim(device, hd, sdt, idt, odt, max_len=470, seed=hd))
+
+
+def test_online_decode_closes_chunk(device):
+    sim = OnlineSim(device, 512, max_len=260, seed=21)
+    sim.prefill([(0, 120), (2, 1)])
+    for _ in range(10):                      # rid 0 crosses 128 by decode (q == 127 emits K')
+        sim.decode([0, 2])
+
+
+def test_online_slot_offset_reads_read_page_1(device):
+    """Prefill segments that do not start their chunk merge with the state at read_page_1
+    (= rid, the committed bank) and store at read_page_0 (= rid + offset)."""
+    hd, off = 128, 3
+    sim = OnlineSim(device, hd, max_len=200, off=off, seed=5)
+    # put the committed running state of the first 40 tokens of rid 1 at slot rid = 1
+    m, S, K = ref_online_state(sim.X[1][:40], sim.ape, hd)
+    committed = torch.cat([m, S, K]).float()
+    sim.state.view(-1, 3 * hd)[1] = committed.to(sim.state.device)
+    sim.prev = sim.state.cpu().clone()
+    sim.len[1] = 40
+    sim.prefill([(1, 100)])                  # 40 -> 140: closes 128 (merged), trailing 12
+    assert sim.tokens_checked == 1
+    assert torch.equal(sim.state.cpu().view(-1, 3 * hd)[1], committed)  # rp1 only read
+
+
+def test_online_merge_ignores_absent_state(device):
+    """A segment that does not start its chunk but whose stored-state slots are invalid (-1)
+    pools its own tokens only; invalid records give zeros / store nothing."""
+    hd = 128
+    g = torch.Generator().manual_seed(31)
+    inp = torch.randn(10, 2 * hd, generator=g)
+    ape = _ape(128, hd)
+    st = torch.randn(3, 1, 3 * hd, generator=g)
+    before = st.clone()
+    st = st.to(device)
+    plan_c = pack("<IHHii", 16, [(128, 9, 10, -1, -1)] + [INVALID_C], None, INVALID_C)
+    plan_w = pack("<IHHii", 16, [INVALID_C, (70, 4, 5, 7, -1)], None, INVALID_C)
+    out = torch.full((2, hd), float("nan"), device=device)
+    OP(st, inp.to(device), ape.to(device), plan_c.to(device), plan_w.to(device), out, hd, 128, True)
+    kv, sc = inp[:, :hd], inp[:, hd:]
+    ref = pool64(kv, sc, ape[118:128], [True] * 10)
+    assert_rows_close(out[0], ref, F32, "segment without stored state")
+    assert bool((out[1] == 0).all())
+    assert torch.equal(st.cpu(), before)  # slot 7 is past the buffer, rp1 -1 / rp0 7: nothing
+
+
+# ---------------------------------------------------------------------------------------------
+# argument errors
+# ---------------------------------------------------------------------------------------------
+def _good_args(device, cr=4, hd=128, online=False):
+    row = 3 * hd if online else row_of(cr, hd)
+    st = torch.zeros(2, 1 if online else cr, row, device=device)
+    inp = torch.zeros(2, row_of(cr, hd), device=device)
+    ape = torch.zeros(win_of(cr), hd, device=device)
+    plan = pack_decode([(1, 0, 0, 0), (2, 1, 0, 0)]).to(device)
+    out = torch.zeros(2, hd, device=device)
+    return [st, inp, ape, plan, None, out, hd, cr, online]
+
+
+@pytest.mark.parametrize("mutate,arg", [
+    (lambda a: a.__setitem__(6, 256), "head_dim"),
+    (lambda a: a.__setitem__(7, 8), "compress_ratio"),
+    (lambda a: a.__setitem__(8, True), "is_online"),
+    (lambda a: a.__setitem__(0, a[0].double()), "kv_score_buffer"),
+    (lambda a: a.__setitem__(0, a[0][..., :-4]), "kv_score_buffer"),
+    (lambda a: a.__setitem__(1, a[1].half()), "kv_score_input"),
+    (lambda a: a.__setitem__(1, a[1][:1]), "kv_score_input"),
+    (lambda a: a.__setitem__(1, torch.zeros(4, 2, 128, device=a[1].device)), "kv_score_input"),
+    (lambda a: a.__setitem__(2, a[2][:4]), "ape"),
+    (lambda a: a.__setitem__(2, a[2].double()), "ape"),
+    (lambda a: a.__setitem__(3, a[3][:, :8]), "plan"),
+    (lambda a: a.__setitem__(3, a[3].view(torch.int32)), "plan"),
+    (lambda a: a.__setitem__(4, torch.zeros(2, 16, dtype=torch.uint8, device=a[3].device)), "plan_w"),
+    (lambda a: a.__setitem__(5, a[5][:, :64]), "out"),
+    (lambda a: a.__setitem__(5, a[5].half()), "out"),
+    (lambda a: a.__setitem__(5, torch.zeros(128, 2, device=a[5].device).t()), "out"),
+])
+def test_argument_errors(device, mutate, arg):
+    args = _good_args(device)
+    OP(*args)  # the unmodified call is fine
+    mutate(args)
+    with pytest.raises(RuntimeError, match=rf"compress_forward.*{arg}"):
+        OP(*args)
+
+
+def test_wrong_device_is_an_error(device):
+    if device.type == "cpu":
+        pytest.skip("needs a second device type")
+    args = _good_args(device)
+    args[3] = args[3].cpu()
+    with pytest.raises(RuntimeError, match="compress_forward.*plan"):
+        OP(*args)
+
+
+def test_unaligned_views_rejected_on_gpu(device):
+    if device.type == "cpu":
+        pytest.skip("GPU alignment rule")
+    args = _good_args(device)
+    flat = torch.zeros(2 * 512 + 1, device=device)
+    args[1] = flat[1:].view(2, 512)
+    with pytest.raises(RuntimeError, match="compress_forward.*kv_score_input"):
+        OP(*args)
