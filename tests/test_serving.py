@@ -13,21 +13,28 @@ from dsv4_ops.simulate import (CompressorConfig, ServingSimulator, SimulationMis
 F32, BF16 = torch.float32, torch.bfloat16
 
 
+SHORT = {"fp8_indexer": "fp8", "fp4_indexer": "fp4", "fp8_ds_mla": "fp8", "bf16": "bf16"}
+
+
 def idx(fmt="fp8_indexer", **kw):
-    return CompressorConfig(f"c4_idx_{fmt[:3]}", 4, 128, fmt, **kw)
+    """The cr=4 indexer compressor (head_dim 128)."""
+    return CompressorConfig(f"c4_idx_{SHORT[fmt]}", 4, 128, fmt, **kw)
 
 
 def c4_main(fmt="fp8_ds_mla", **kw):
-    return CompressorConfig(f"c4_main_{fmt[:3]}", 4, 512, fmt, **kw)
+    return CompressorConfig(f"c4_main_{SHORT[fmt]}", 4, 512, fmt, **kw)
 
 
 def c128_main(fmt="fp8_ds_mla", **kw):
-    return CompressorConfig(f"c128_main_{fmt[:3]}", 128, 512, fmt, **kw)
+    name = "c128_online" if kw.get("addressing") == "online" else f"c128_main_{SHORT[fmt]}"
+    return CompressorConfig(name, 128, 512, fmt, **kw)
 
 
 def all_compressors(**kw):
-    """Both compressors of DeepSeek-V4 with every store: indexer fp8 + fp4, main cr 4 / 128."""
-    return [idx("fp8_indexer", **kw), idx("fp4_indexer", **kw), c4_main(**kw), c128_main(**kw)]
+    """Both compressors of DeepSeek-V4 with every store: indexer fp8 + fp4, main cr 4 / 128
+    with fp8_ds_mla, plus a bf16-store main cr=4 and the online cr=128 variant."""
+    return [idx("fp8_indexer", **kw), idx("fp4_indexer", **kw), c4_main(**kw), c128_main(**kw),
+            c4_main("bf16", **kw), c128_main(addressing="online", **kw)]
 
 
 def make_sim(device, compressors=None, **kw):
@@ -74,6 +81,21 @@ def test_prefill_from_scratch(device, length):
     assert res.reports["c128_main_fp8"].compressed == length // 128
     if length >= 4:
         assert res.reports["c4_main_fp8"].cache_bytes_checked > 0
+
+
+def test_prefill_every_length_in_ragged_batches(device):
+    """Every prompt length 1..300 once, eight ragged prompts per prefill batch, each request
+    then decoding a few steps next to the next batch's prompts."""
+    sim = make_sim(device, max_requests=16, max_context=320)
+    lengths = list(range(1, 301))
+    previous = []
+    for i in range(0, len(lengths), 8):
+        for r in previous:
+            sim.finish(r)
+        batch = [(sim.add_request(), n) for n in lengths[i:i + 8]]
+        step(sim, batch)
+        previous = [r for r, _ in batch]
+        decode_steps(sim, previous, 5)
 
 
 def test_prefill_then_decode_crossing_windows(device):
@@ -209,8 +231,7 @@ def test_addressing_modes(device, c4_addr, c128_addr):
 @pytest.mark.parametrize("state_dtype,input_dtype", [(BF16, F32), (F32, BF16), (BF16, BF16)])
 def test_state_and_input_dtypes(device, state_dtype, input_dtype):
     kw = dict(state_dtype=state_dtype, input_dtype=input_dtype)
-    comps = all_compressors(**kw) + [CompressorConfig("c128_online", 128, 512, addressing="online",
-                                                      **kw)]
+    comps = all_compressors(**kw)
     _mixed_trace(make_sim(device, comps, max_context=512))
 
 
@@ -226,8 +247,10 @@ def test_bf16_store_and_output_dtypes(device):
 def test_online_cr128_long_decode(device):
     """The online running state across chunk boundaries, by decode and by extends that start
     and stop inside a chunk (state merge)."""
-    comps = [CompressorConfig("online", 128, 512, addressing="online"),
+    comps = [c128_main(addressing="online"),
              CompressorConfig("online_bf16_in", 128, 512, addressing="online", input_dtype=BF16),
+             CompressorConfig("online_bf16_state", 128, 512, addressing="online",
+                              state_dtype=BF16),
              c128_main()]
     sim = make_sim(device, comps, max_context=700)
     a, b = sim.add_request(), sim.add_request()
@@ -243,9 +266,9 @@ def test_online_cr128_long_decode(device):
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("graph,on_device", [(True, False), (True, True), (False, True)])
 def test_graph_padding_and_device_lengths(device, graph, on_device):
-    comps = [idx(), c4_main(), c128_main(),
-             CompressorConfig("online", 128, 512, addressing="online"),
-             CompressorConfig("legacy4", 4, 128, addressing="legacy")]
+    comps = [idx(), c4_main(), c128_main(), c128_main(addressing="online"),
+             CompressorConfig("legacy4", 4, 128, addressing="legacy"),
+             CompressorConfig("legacy128", 128, 512, "bf16", addressing="legacy")]
     sim = make_sim(device, comps, use_cuda_graph=graph, lengths_on_device=on_device,
                    max_context=512)
     a, b, c = (sim.add_request() for _ in range(3))
@@ -351,46 +374,64 @@ except ImportError:  # pragma: no cover
     st = None
 
 if st is not None:
+    # Each variant: compressor factories (each draws its own state / input dtypes) and
+    # whether its requests may share prefixes (cr=4 state through SWA pages only).
     VARIANTS = {
-        "paged": lambda kw: [idx(**kw), idx("fp4_indexer", **kw), c4_main(**kw), c128_main(**kw)],
-        "ring": lambda kw: [idx(addressing="req_ring", **kw), c128_main("bf16", **kw)],
-        "legacy_online": lambda kw: [idx(addressing="legacy", **kw),
-                                     c128_main(addressing="online", **kw),
-                                     c128_main("bf16", addressing="legacy", **kw)],
+        "paged": ([lambda kw: idx(**kw), lambda kw: idx("fp4_indexer", **kw),
+                   lambda kw: c4_main(**kw), lambda kw: c128_main(**kw)], True),
+        "ring": ([lambda kw: idx(addressing="req_ring", **kw), lambda kw: c4_main("bf16", **kw),
+                  lambda kw: c128_main("bf16", **kw)], False),
+        "legacy_online": ([lambda kw: idx(addressing="legacy", **kw),
+                           lambda kw: c128_main(addressing="online", **kw),
+                           lambda kw: c128_main("bf16", addressing="legacy", **kw)], False),
     }
+    DTYPES = st.sampled_from([F32, BF16])
+    LENGTHS = st.one_of(st.integers(0, 12), st.integers(120, 140), st.integers(0, 300))
 
     @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(data=st.data())
     def test_random_serving_trace(device, data):
-        variant = data.draw(st.sampled_from(sorted(VARIANTS)), "variant")
-        dt = dict(state_dtype=data.draw(st.sampled_from([F32, BF16]), "state"),
-                  input_dtype=data.draw(st.sampled_from([F32, BF16]), "input"))
-        spec = variant != "legacy_online" and data.draw(st.booleans(), "speculative")
+        """Random ragged batches through chained prefill / extend / verify / decode steps,
+        with requests joining, finishing and sharing prefixes; every step fully checked."""
+        draw = data.draw
+        variant = draw(st.sampled_from(sorted(VARIANTS)), "variant")
+        factories, can_share = VARIANTS[variant]
+        comps = [f(dict(state_dtype=draw(DTYPES, "state"), input_dtype=draw(DTYPES, "input")))
+                 for f in factories]
+        spec = variant != "legacy_online" and draw(st.booleans(), "speculative")
+        evict = can_share and draw(st.booleans(), "evict")
+        sps = draw(st.sampled_from([16, 64]), "swa_page_size")
         sim = ServingSimulator(
-            VARIANTS[variant](dt), device=device, max_requests=3, max_context=400,
-            speculative=spec, use_cuda_graph=data.draw(st.booleans(), "graph"),
-            lengths_on_device=data.draw(st.booleans(), "device_lengths"),
-            swa_page_size=data.draw(st.sampled_from([16, 64]), "sps"),
-            seed=data.draw(st.integers(0, 2**16), "seed"))
+            comps, device=device, max_requests=4, max_context=700, page_size=128,
+            swa_page_size=sps, speculative=spec, use_cuda_graph=draw(st.booleans(), "graph"),
+            lengths_on_device=draw(st.booleans(), "device_lengths"),
+            out_loc_dtype=draw(st.sampled_from([torch.int32, torch.int64]), "out_loc"),
+            swa_window=sps + 40 if evict else None, seed=draw(st.integers(0, 2**16), "seed"))
         pad = min(c.pad for c in sim.compressors)
         live = [sim.add_request()]
-        for _ in range(data.draw(st.integers(2, 7), "steps")):
-            op = data.draw(st.sampled_from(["extend", "decode", "verify", "add", "finish"]), "op")
-            if op == "add" and len(live) < 3:
-                live.append(sim.add_request())
+        ops = st.sampled_from(["extend", "decode", "verify", "add", "finish", "share"])
+        for _ in range(draw(st.integers(2, 12), "steps")):
+            op = draw(ops, "op")
+            if op in ("add", "share") and len(live) < 4:
+                parents = [r for r in live if r.rollback_floor >= 128]
+                if op == "share" and can_share and not evict and parents:
+                    parent = draw(st.sampled_from(parents), "parent")
+                    live.append(sim.add_request(prefix_from=parent,
+                                                prefix_len=parent.rollback_floor // 128 * 128))
+                else:
+                    live.append(sim.add_request())
                 continue
             if op == "finish" and len(live) > 1:
-                sim.finish(live.pop(data.draw(st.integers(0, len(live) - 1), "victim")))
+                sim.finish(live.pop(draw(st.integers(0, len(live) - 1), "victim")))
                 continue
-            room = [r for r in live if r.seq_len + 140 <= sim.max_context]
-            if not room:
-                break
-            if op == "decode" and all(r.seq_len for r in room):
-                step(sim, [(r, 1) for r in room], "decode")
-            elif op == "verify" and spec and all(r.seq_len for r in room):
-                widths = [data.draw(st.integers(1, pad), "width") for _ in room]
-                keeps = [data.draw(st.integers(1, w), "keep") for w in widths]
-                _verify_round(sim, room, widths, keeps)
+            room = {id(r): sim.max_context - r.seq_len for r in live}
+            started = [r for r in live if r.seq_len and room[id(r)] >= max(pad, 1)]
+            if op == "decode" and started:
+                step(sim, [(r, 1) for r in started], "decode")
+            elif op == "verify" and spec and started:
+                widths = [draw(st.integers(1, pad), "width") for _ in started]
+                keeps = [draw(st.integers(1, w), "keep") for w in widths]
+                _verify_round(sim, started, widths, keeps)
             else:
-                lens = st.one_of(st.integers(0, 12), st.integers(120, 140))
-                step(sim, [(r, data.draw(lens, "extend")) for r in room], "extend")
+                batch = [(r, min(draw(LENGTHS, "extend"), room[id(r)])) for r in live]
+                step(sim, batch, "extend")
