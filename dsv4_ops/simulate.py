@@ -102,7 +102,8 @@ class CompressorConfig:
         if addressing == "swa_paged" and cr != 4:
             raise ValueError(f"{self.name}: SWA-paged state is for compress_ratio 4")
         if addressing == "online" and (cr != 128 or hd != 512):
-            raise ValueError(f"{self.name}: the online state is for compress_ratio 128, head_dim 512")
+            raise ValueError(f"{self.name}: the online state is for compress_ratio 128, "
+                             "head_dim 512")
         object.__setattr__(self, "store_format", fmt)
         object.__setattr__(self, "addressing", addressing)
 
@@ -257,8 +258,11 @@ class _Compressor:
             slots = rows
         else:
             slots = rows * self.ring
-        # The flat state buffer and the view the ops take (SPEC 2).
-        self.state = torch.zeros(slots, cfg.state_row_len, dtype=cfg.state_dtype, device=dev)
+        # The flat state buffer and the view the ops take (SPEC 2). It starts as NaN: a kernel
+        # that reads a row nobody wrote (e.g. the absent rows of the first cr = 4 window,
+        # whatever page the record names) poisons its output.
+        self.state = torch.full((slots, cfg.state_row_len), float("nan"), dtype=cfg.state_dtype,
+                                device=dev)
         if cfg.is_online:
             self.state_view = self.state.view(slots, 1, cfg.state_row_len)
         else:
@@ -271,7 +275,9 @@ class _Compressor:
         # The compressed KV cache: cache page i holds the compressed tokens of full page i.
         self.cache_page_size = sim.page_size // cr
         self.page_bytes = reference.page_bytes(cfg.store_format, self.cache_page_size)
-        self.cache = torch.zeros(sim.num_pages, self.page_bytes, dtype=torch.uint8, device=dev)
+        # It starts as random bytes, so that any byte a kernel writes out of turn shows.
+        self.cache = torch.randint(0, 256, (sim.num_pages, self.page_bytes), generator=gen,
+                                   dtype=torch.uint8).to(dev)
         self.plan_key = (cr, cfg.addressing, self.ring)
 
     def slot(self, sim: "ServingSimulator", rid: int, pos: int) -> int:
@@ -574,7 +580,8 @@ class ServingSimulator:
         for comp in self.compressors:
             cfg = comp.cfg
             evs = run.events[cfg.compress_ratio]
-            events[cfg.name] = [(e.req.name, e.seq_len // cfg.compress_ratio - 1, e.row) for e in evs]
+            events[cfg.name] = [(e.req.name, e.seq_len // cfg.compress_ratio - 1, e.row)
+                                for e in evs]
             report = CompressorReport(cfg.name, compressed=len(evs))
             reports[cfg.name] = report
             if self.check:
@@ -958,7 +965,8 @@ def _check_cache(comp: _Compressor, kv: torch.Tensor, events: List[_Event],
     near = 0
     if fmt == "fp8_ds_mla":
         codes = got_d[:, :448]
-        near += _compare_codes(codes, want_d[:, :448], 0x80, f"{name} e4m3", _slack(codes.numel()), fails)
+        near += _compare_codes(codes, want_d[:, :448], 0x80, f"{name} e4m3",
+                               _slack(codes.numel()), fails)
         near += _compare_bf16(got_d[:, 448:], want_d[:, 448:], f"{name} rope", None, fails)
         if not torch.equal(got_s, want_s):
             fails.append(f"{name}: {int((got_s != want_s).sum())} UE8M0 scale bytes differ")
@@ -1011,7 +1019,8 @@ def _expected_state_writes(sim: ServingSimulator, comp: _Compressor, run: _StepI
         last_c = sl // cr * cr
         first_w = min(last_c - (4 if cr == 4 else 0), sl - comp.pad)
         for pos in range(prefix, sl):
-            band = cfg.addressing == "swa_paged" and pos % sim.swa_page_size >= sim.swa_page_size - 4
+            sps = sim.swa_page_size
+            band = cfg.addressing == "swa_paged" and pos % sps >= sps - 4
             if pos >= first_w or band:
                 writes[comp.slot(sim, rid, pos)] = row + pos - prefix
         row += el
@@ -1059,7 +1068,8 @@ def _check_state(sim: ServingSimulator, comp: _Compressor, run: _StepInputs,
             hist = req.history[cfg.name].get((seq_len - 1) // 128 * 128, seq_len)
         m, s, k = reference.online_state(hist, comp.ape, hd)
         got = after[slot].double()
-        for part, ref, g in (("max", m, got[:hd]), ("sum", s, got[hd:2 * hd]), ("kv", k, got[2 * hd:])):
+        parts = (("max", m, got[:hd]), ("sum", s, got[hd:2 * hd]), ("kv", k, got[2 * hd:]))
+        for part, ref, g in parts:
             ptol = tols[part]
             scaled = ((g - ref).abs() / (1.0 + ref.abs())).nan_to_num(nan=float("inf"))
             if bool((scaled > ptol).any()):

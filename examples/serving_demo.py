@@ -25,7 +25,7 @@ SHORT = {"c4_indexer_fp8": "idx-fp8", "c4_indexer_fp4": "idx-fp4", "c4_main": "c
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--decode-steps", type=int, default=12)
+    ap.add_argument("--decode-steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -39,7 +39,8 @@ def main() -> int:
                       f"{c.addressing})" for c in compressors))
     head = (f"{'step':>4} {'kind':<7} {'reqs':>4} {'tokens':>6} | "
             + " ".join(f"{SHORT[n]:>7}" for n in names)
-            + f" | {'max err':>8} {'cache B':>8} {'state rows':>10} | {'ops ms':>7} {'check ms':>8}")
+            + f" | {'max err':>8} {'cache B':>8} {'state rows':>10}"
+            + f" | {'ops ms':>7} {'check ms':>8}")
     print("compressed tokens per compressor, max |error| vs reference, cache bytes and state "
           "rows checked:")
     print(head)
@@ -47,10 +48,10 @@ def main() -> int:
 
     failures = []
 
-    def run(batch, kind=None):
+    def run(sim, batch, kind=None):
         res = sim.step(batch, kind)
         reps = [res.reports[n] for n in names]
-        print(f"{res.index:>4} {res.kind if kind != 'verify' else kind:<7} {res.num_requests:>4} "
+        print(f"{res.index:>4} {kind or res.kind:<7} {res.num_requests:>4} "
               f"{res.num_tokens:>6} | " + " ".join(f"{r.compressed:>7}" for r in reps)
               + f" | {max(r.max_abs_err for r in reps):>8.1e} "
               f"{sum(r.cache_bytes_checked for r in reps):>8} "
@@ -62,24 +63,41 @@ def main() -> int:
 
     t0 = time.perf_counter()
     a, b = sim.add_request("a"), sim.add_request("b")
-    run([(a, 300), (b, 77)])                       # prefill two requests (ragged)
-    for _ in range(args.decode_steps):
-        run([(a, 1), (b, 1)])                      # decode
+    run(sim, [(a, 250), (b, 77)])                  # prefill two requests (ragged)
+    for _ in range(args.decode_steps):             # decode; a closes a cr=128 window at 256
+        run(sim, [(a, 1), (b, 1)])
     c = sim.add_request("c")
-    run([(c, 130), (a, 0), (b, 5)])                # c joins; a idles in the batch; b extends
+    run(sim, [(c, 130), (a, 0), (b, 5)])           # c joins; a idles in the batch; b extends
     for _ in range(args.decode_steps):
-        run([(a, 1), (b, 1), (c, 1)])
-    run([(b, 200), (c, 3)])                        # long extend across a cr=128 window
+        run(sim, [(a, 1), (b, 1), (c, 1)])
+    run(sim, [(b, 200), (c, 3)])                   # long extend across a cr=128 window
     sim.finish(a)
     d = sim.add_request("d")
-    run([(d, 257), (c, 1)], "extend")
+    run(sim, [(d, 257), (c, 1)], "extend")         # a's pages go back to the pool, d reuses them
     for _ in range(args.decode_steps):
-        run([(b, 1), (c, 1), (d, 1)])
+        run(sim, [(b, 1), (c, 1), (d, 1)])
+    final = [b, c, d]
+
+    # Speculative decoding: rings of 16 / 256 leave room for draft tokens; a verify step is an
+    # extend of width w, after which the engine keeps the accepted tokens (truncate).
+    print(f"speculative decoding (rings 16 / 256), verify width 4, CUDA-graph padded plans:")
+    spec = ServingSimulator(compressors, device=args.device, max_requests=2, max_context=512,
+                            seed=args.seed + 1, speculative=True, use_cuda_graph=True,
+                            raise_on_mismatch=False)
+    e, f = spec.add_request("e"), spec.add_request("f")
+    run(spec, [(e, 126), (f, 31)])
+    for accept_e, accept_f in [(4, 1), (2, 3), (1, 4), (3, 2)]:
+        pe, pf = e.seq_len, f.seq_len
+        run(spec, [(e, 4), (f, 4)], "verify")
+        spec.truncate(e, pe + accept_e)
+        spec.truncate(f, pf + accept_f)
+        run(spec, [(e, 1), (f, 1)])
+    final += [e, f]
     elapsed = time.perf_counter() - t0
 
     print("-" * len(head))
-    lens = ", ".join(f"{r.name}={r.seq_len}" for r in (b, c, d))
-    print(f"{sim.steps} steps in {elapsed:.1f} s; final lengths {lens}")
+    lens = ", ".join(f"{r.name}={r.seq_len}" for r in final)
+    print(f"{sim.steps + spec.steps} steps in {elapsed:.1f} s; final lengths {lens}")
     if failures:
         print(f"FAILED: {len(failures)} mismatches")
         for f in failures[:30]:

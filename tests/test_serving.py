@@ -238,7 +238,8 @@ def test_state_and_input_dtypes(device, state_dtype, input_dtype):
 def test_bf16_store_and_output_dtypes(device):
     """bf16 cache store; fp32 output from bf16 input; bf16 ape; int32 out_loc."""
     comps = [c4_main("bf16"), c128_main("bf16"),
-             CompressorConfig("idx_f32_out", 4, 128, "fp4_indexer", input_dtype=BF16, out_dtype=F32),
+             CompressorConfig("idx_f32_out", 4, 128, "fp4_indexer", input_dtype=BF16,
+                              out_dtype=F32),
              CompressorConfig("c128_bf16_ape", 128, 512, ape_dtype=BF16, state_dtype=BF16),
              CompressorConfig("c4_bf16_out", 4, 512, input_dtype=F32, out_dtype=BF16)]
     _mixed_trace(make_sim(device, comps, max_context=512, out_loc_dtype=torch.int32))
@@ -340,7 +341,7 @@ def test_checker_catches_faults(device, monkeypatch, fault):
         if fault == "token" and kw["compress_ratio"] == 4 and bool(out[0].any()):
             out[0, 5] += 1e-3 * (1 + out[0, 5].abs())
         if fault == "state_row" and kw["compress_ratio"] == 4:
-            state.view(-1, state.shape[-1])[-1, 0] += 1.0
+            state.view(-1, state.shape[-1])[-1, 0] = 1.0
         if fault == "lost_write" and kw["compress_ratio"] == 128:
             state.copy_(saved)
         return out
