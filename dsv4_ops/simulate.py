@@ -664,10 +664,12 @@ class ServingSimulator:
         for cr in {c.cfg.compress_ratio for c in self.compressors}:
             # Padding rows get loc 0, a real cache slot: a kernel must never use them.
             run.out_loc[cr] = self._out_loc(cr, locs, 0, pad)
-            run.events[cr] = [
-                _Event(r, pos + 1, k, ragged, self._full_loc(r, pos) // cr)
-                for k, (ragged, (r, pos)) in enumerate(
-                    (i, t) for i, t in enumerate(run.token_of_row) if (t[1] + 1) % cr == 0)]
+            # Valid plan_c records come batch-major, position-ascending (SPEC 3.3; online:
+            # one per closed chunk, same order), so the k-th closing token is output row k.
+            closing = [(ragged, r, pos) for ragged, (r, pos) in enumerate(run.token_of_row)
+                       if (pos + 1) % cr == 0]
+            run.events[cr] = [_Event(r, pos + 1, k, ragged, self._full_loc(r, pos) // cr)
+                              for k, (ragged, r, pos) in enumerate(closing)]
         return run
 
 
