@@ -37,7 +37,7 @@ def _gpu_build():
 def extensions():
     gpu = _gpu_build()
     sources = ["csrc/registration.cpp"] + sorted(glob.glob("csrc/*/*_cpu.cpp"))
-    cxx = ["-O3", "-std=c++20", "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
+    cxx = ["-O3", "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
     include_dirs = [os.path.join(ROOT, "csrc")]
     if gpu is None:
         return [cpp_extension.CppExtension("dsv4_ops._C", sources, include_dirs=include_dirs,
@@ -46,11 +46,11 @@ def extensions():
     sources += sorted(glob.glob("csrc/*/*_cuda.cu"))
     if gpu == "cuda":
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0;10.0")
-        gpu_flags = ["-O3", "-std=c++20", "-lineinfo", "--expt-relaxed-constexpr",
+        gpu_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr",
                      "-DDSV4_WITH_CUDA"]
     else:
         os.environ.setdefault("PYTORCH_ROCM_ARCH", "gfx90a;gfx942")
-        gpu_flags = ["-O3", "-std=c++20", "-DDSV4_WITH_CUDA"]
+        gpu_flags = ["-O3", "-DDSV4_WITH_CUDA"]
     return [cpp_extension.CUDAExtension(
         "dsv4_ops._C", sources, include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx + ["-DDSV4_WITH_CUDA"], "nvcc": gpu_flags},

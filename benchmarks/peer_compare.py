@@ -170,9 +170,12 @@ def format_joined(r: Dict[str, Any]) -> str:
     return s
 
 
-def markdown(joined, checks, info, copy_gbps) -> List[str]:
+def markdown(joined, checks, info, copy_gbps, summary) -> List[str]:
     def c(x, nd=1):
         return "" if x is None else f"{x:.{nd}f}"
+
+    def g(x):
+        return C._g(x, 0).strip() if x else ""
 
     lines = ["# dsv4_ops vs the reference engine (sglang) kernels", "",
              f"GPU {info.get('gpu')}; sglang {info.get('sglang_version')}; torch {info.get('torch')}; "
@@ -180,7 +183,7 @@ def markdown(joined, checks, info, copy_gbps) -> List[str]:
              "Times are medians in microseconds: cold = L2 flushed before each call (wall = host wall "
              "clock incl. synchronize, for planners fed host lengths); graph = per call in a CUDA-graph "
              "replay. ratio = sglang / dsv4 (> 1: dsv4_ops faster). Bytes: the harness's minimum-traffic "
-             "model.", "",
+             "model.", "", f"Summary: {json.dumps(summary, default=str)}", "",
              "| case | op | sglang us | dsv4 us | ratio | sglang graph us | dsv4 graph us | ratio graph | "
              "MB | sglang GB/s | dsv4 GB/s | note |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -190,8 +193,8 @@ def markdown(joined, checks, info, copy_gbps) -> List[str]:
             note = ("wall " + note).strip()
         mb = r["bytes"] / 1e6 if r.get("bytes") else None
         lines.append(f"| {r['case']} | {r['op']} | {c(r['sglang_us'])} | {c(r['dsv4_us'])} | {c(r['ratio'], 2)} | "
-                     f"{c(r['sglang_graph_us'])} | {c(r['dsv4_graph_us'])} | {c(r['ratio_graph'], 2)} | {c(mb, 3)} | "
-                     f"{c(r['sglang_gbps'], 0)} | {c(r['dsv4_gbps'], 0)} | {note.replace('|', '/')} |")
+                     f"{c(r['sglang_graph_us'])} | {c(r['dsv4_graph_us'])} | {c(r['ratio_graph'], 2)} | {g(mb)} | "
+                     f"{g(r['sglang_gbps'])} | {g(r['dsv4_gbps'])} | {note.replace('|', '/')} |")
     lines += ["", "## correctness checks of the harness", ""]
     for api in APIS:
         cs = checks.get(api, [])
@@ -377,6 +380,8 @@ def main(argv=None) -> int:
     summary = {
         "geomean_ratio_cold": geomean([r["ratio"] for r in joined if r["timing"] == "cold"]),
         "geomean_ratio_graph": geomean([r["ratio_graph"] for r in joined]),
+        "geomean_ratio_cold_by_op": {op: geomean([r["ratio"] for r in joined if r["op"] == op])
+                                     for op in sorted({r["op"] for r in joined})},
         "checks": {n: f"{sum(bool(c.get('ok')) for c in cs)}/{len(cs)} ok" for n, cs in checks.items()},
         "run_seconds": round(time.time() - t_run, 1), "skipped_for_time": skipped,
     }
@@ -384,9 +389,7 @@ def main(argv=None) -> int:
                "results": results, "checks": checks}
     with open(os.path.join(args.out, "peer_compare.json"), "w") as f:
         json.dump(payload, f, indent=1, default=str)
-    md = markdown(joined, checks, info, ceiling["gbps"])
-    md.insert(3, f"Summary: {json.dumps(summary, default=str)}")
-    md.insert(4, "")
+    md = markdown(joined, checks, info, ceiling["gbps"], summary)
     with open(os.path.join(args.out, "peer_compare.md"), "w") as f:
         f.write("\n".join(md) + "\n")
 

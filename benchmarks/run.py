@@ -91,7 +91,8 @@ def plot_bandwidth(path: str, rows, copy_gbps: Optional[float], title: str) -> O
         cold = [r.get("gbps") or 0.0 for r in rs]
         graph = [(r["bytes"] / (r["graph_us"] * 1e3)) if (r.get("bytes") and r.get("graph_us")) else None
                  for r in rs]
-        ax.bar(x, cold, color="tab:blue", label="cold L2" if any(cold) else None)
+        kind = "cold L2" if any(r.get("timing") == "cold" for r in rs) else "wall clock"
+        ax.bar(x, cold, color="tab:blue", label=kind if any(cold) else None)
         gx = [i for i, g in zip(x, graph) if g]
         if gx:
             ax.plot(gx, [g for g in graph if g], "o", color="tab:orange", markersize=3, label="graph replay")

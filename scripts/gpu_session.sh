@@ -42,7 +42,7 @@ T_BUILD=${T_BUILD:-420}
 T_TEST=${T_TEST:-300}
 T_BENCH=${T_BENCH:-300}
 T_PEER=${T_PEER:-300}
-T_SANITIZER=${T_SANITIZER:-300}
+T_SANITIZER=${T_SANITIZER:-480}
 AUTO_BUILD=${AUTO_BUILD:-1}
 export BUILD_MODE=${BUILD_MODE:-pip}
 export PYTEST_ARGS=${PYTEST_ARGS:-}
@@ -150,7 +150,7 @@ key_lines() {  # the lines of a stage log worth a summary
           if [ -n "$l" ]; then echo "$l"; else grep -E "^E  " "$log" | head -3; fi ;;
     bench) grep -E "^\[ceiling\]|rows in|^NOTE|device lost|not importable" "$log" | head -15 ;;
     peer) grep -E "^SKIP|^\[ceiling\]|^checks |^summary:|cannot|CUDA context|^\[jit\]|^\[graph\]" "$log" | head -15 ;;
-    sanitizer) grep -E "^sanitize" "$log" | head -10 ;;
+    sanitizer) grep -E "^sanitize [a-z]+:|tests selected|not found" "$log" | head -10 ;;
   esac
 }
 

@@ -10,6 +10,7 @@
 #   SAN_TOOLS       tools to run (memcheck racecheck synccheck initcheck)
 #   SAN_TESTS       test files (default: tests/test_{plan,compress,store}.py that exist, else tests)
 #   SAN_K           pytest -k expression selecting small CUDA cases (see default below)
+#   SAN_DEVICE      the device id token the default selection requires (cuda)
 #   SAN_TIMEOUT     seconds per tool (default 240)
 #   SAN_EXTRA       extra pytest arguments
 #   COMPUTE_SANITIZER  path of the compute-sanitizer binary
@@ -24,9 +25,22 @@ PY=${PYTHON:-python3}
 SAN_TOOLS=${SAN_TOOLS:-"memcheck racecheck"}
 SAN_TIMEOUT=${SAN_TIMEOUT:-240}
 SAN_EXTRA=${SAN_EXTRA:-}
-# Small CUDA cases: the cuda-parametrised kernel tests, without graph capture, torch.compile,
-# the big-batch / limit tests and hypothesis sweeps (slow under instrumentation).
-SAN_K=${SAN_K:-"cuda and not graph and not compile and not large and not limit and not hypothesis and not property and not opcheck and not packaging and not second_gpu and not random"}
+# Small CUDA cases, a few per kernel family: every planner kind, offline and online pooling in
+# fp32 and bf16, every store format for decode and prefill, and the tests that feed negative /
+# out-of-range slots, pages and locs (where an out-of-bounds access would show). No graph
+# capture, torch.compile, big-batch or hypothesis tests (slow under instrumentation).
+# SAN_K=cuda selects every CUDA-parametrised test instead.
+SAN_DEVICE=${SAN_DEVICE:-cuda}
+DEFAULT_K="test_plan_decode_matches_oracle or test_plan_prefill_matches_oracle"
+DEFAULT_K="$DEFAULT_K or test_plan_online_prefill_matches_oracle or test_plan_online_decode_matches_oracle"
+DEFAULT_K="$DEFAULT_K or test_out_of_range_lookups_are_absent or test_prefill_negative_full_to_state"
+DEFAULT_K="$DEFAULT_K or (test_offline_sequences and (sfloat32-ifloat32-ofloat32 or sbfloat16-ibfloat16-obfloat16))"
+DEFAULT_K="$DEFAULT_K or (test_online_sequences and sfloat32-ifloat32-ofloat32)"
+DEFAULT_K="$DEFAULT_K or test_prefill_compress_reads_before_writes or test_negative_and_out_of_range_are_skipped"
+DEFAULT_K="$DEFAULT_K or test_prefill_first_window_ignores_state_rows or test_online_merge_ignores_absent_state"
+DEFAULT_K="$DEFAULT_K or test_decode_rows or test_inactive_rows_write_nothing or test_against_dsv4_reference_store"
+DEFAULT_K="$DEFAULT_K or (test_prefill_matches_oracle and 0-64 and not test_plan)"
+SAN_K=${SAN_K:-"$SAN_DEVICE and ($DEFAULT_K)"}
 
 if [ -z "${SAN_TESTS:-}" ]; then
   SAN_TESTS=""

@@ -74,7 +74,7 @@ def make_world(device, compress_ratio: int = 4, head_dim: int = 128,
         ape=(0.5 * torch.randn((8 if cr == 4 else 128, hd), generator=g)).to(device),
         norm_weight=(1.0 + 0.1 * torch.randn((hd,), generator=g)).to(device),
         freqs=freqs.to(device),
-        cache_page_size=FULL_PAGE // cr,
+        cache_page_size=max(1, 256 // cr),  # compressed-cache tokens per 256-token page
     )
 
 

@@ -39,8 +39,11 @@ enum : int { kModePrefill = 0, kModeDecode = 1, kModeOnline = 2 };
 #ifndef DSV4_C4_MIN_BLOCKS
 #define DSV4_C4_MIN_BLOCKS 3
 #endif
-#ifndef DSV4_C128_MIN_BLOCKS
-#define DSV4_C128_MIN_BLOCKS 3
+#ifndef DSV4_C128_MIN_BLOCKS  // prefill and online segments
+#define DSV4_C128_MIN_BLOCKS 4
+#endif
+#ifndef DSV4_C128_DECODE_MIN_BLOCKS  // decode also carries the copied row: more registers
+#define DSV4_C128_DECODE_MIN_BLOCKS 3
 #endif
 
 #if defined(DSV4_HIP)
@@ -267,7 +270,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(DSV4_C4_MIN_BLOCKS) c4_kernel(const Params 
 //   segment does not start its chunk; p.online_store == 0: out[e] = K, else store (M, S, K)
 //   at read_page_0 (p.out is null).
 template <typename TS, typename TI, int kMode>
-__global__ void DSV4_COMPRESS_BOUNDS(DSV4_C128_MIN_BLOCKS) c128_kernel(const Params p) {
+__global__ void DSV4_COMPRESS_BOUNDS(kMode == kModeDecode ? DSV4_C128_DECODE_MIN_BLOCKS : DSV4_C128_MIN_BLOCKS) c128_kernel(const Params p) {
   constexpr int kGroupThreads = kBlock / kC128Groups;  // 32 threads x 4 channels = one slice
   static_assert(kGroupThreads * kVec == kC128SliceCh, "a lane group covers one channel slice");
   alignas(16) __shared__ float part[3][kC128Groups][kC128SliceCh];

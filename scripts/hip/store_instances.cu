@@ -1,0 +1,12 @@
+// HIP compile check: every compress_norm_rope_store kernel instantiation (4 formats x kv dtype).
+#include "../include/dsv4/store_kernels.cuh"
+
+namespace dsv4 {
+#define DSV4_STORE_INSTANCES(FMT)                                                        \
+  template __global__ void compress_norm_rope_store_kernel<FMT, float>(StoreKernelArgs);    \
+  template __global__ void compress_norm_rope_store_kernel<FMT, uint16_t>(StoreKernelArgs);
+DSV4_STORE_INSTANCES(kStoreFp8DsMla)
+DSV4_STORE_INSTANCES(kStoreBf16)
+DSV4_STORE_INSTANCES(kStoreFp8Indexer)
+DSV4_STORE_INSTANCES(kStoreFp4Indexer)
+}  // namespace dsv4
