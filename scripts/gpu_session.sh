@@ -33,6 +33,12 @@ set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 export ROOT
+# Build with the system toolchain: the H200 image points CC/CXX/CUDAHOSTCXX at /opt/gcc, whose
+# g++ links libstdc++ statically into shared objects; an extension built that way crashes in
+# std::ostream as soon as an op formats an error message (seen on the device, 2026-11-29).
+if [ -x /usr/bin/g++ ] && [ -z "${DSV4_KEEP_CXX:-}" ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
 export PY=${PYTHON:-python3}
 export OUT=${OUT:-$ROOT/gpu_out}
 export WORK=${WORK:-/tmp/dsv4_gpu_session}
