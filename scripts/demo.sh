@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-ensure_venv "${DSV4_VENV:-.venv}" "${TORCH_SPEC:-torch==2.13.0}" numpy
+ensure_venv "${DSV4_VENV:-.venv}" numpy
 build_inplace
 "$VENV_PY" examples/serving_demo.py "$@"
