@@ -22,7 +22,7 @@ def compress_forward(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor
     if plan.compress_ratio != compress_ratio:
         raise ValueError(f"dsv4.compress_forward: compress_ratio={compress_ratio} but the plan "
                          f"was built for {plan.compress_ratio}")
-    rows, plan_w = (plan[1], None) if plan.is_decode else (plan[1], plan[2])
+    rows, plan_w = plan[1], (None if plan.is_decode else plan[2])
     if validate.debug_enabled():
         validate.validate_compress(plan, kv_score_buffer, kv_score_input, is_online)
     if out is None:

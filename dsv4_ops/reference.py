@@ -6,6 +6,7 @@ kernel that persists, reloads or merges state wrongly disagrees with it. Pooling
 normalisation run in float64; quantisation uses torch's own bf16 / float8 conversions, so the
 encoder is independent of the bit-level code in csrc/include/dsv4/numerics.h.
 """
+import functools
 from typing import Tuple
 
 import torch
@@ -86,8 +87,10 @@ def freqs_real(freqs: torch.Tensor) -> torch.Tensor:
     return freqs
 
 
+@functools.lru_cache(maxsize=None)
 def hadamard_matrix(n: int, dtype=torch.float64) -> torch.Tensor:
-    """Sylvester-ordered Walsh-Hadamard matrix: H[i, j] = (-1)^popcount(i & j)."""
+    """Sylvester-ordered Walsh-Hadamard matrix: H[i, j] = (-1)^popcount(i & j) (cached:
+    norm_rope calls it per store). Callers must not modify it in place."""
     idx = torch.arange(n)
     bits = torch.bitwise_and(idx[:, None], idx[None, :])
     parity = torch.zeros_like(bits)
