@@ -17,7 +17,8 @@ template <typename TS, typename TI>
 void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
                 const std::optional<at::Tensor>& plan_w, gpuStream_t stream, bool pdl) {
   const dim3 block(kBlock);
-  const unsigned slices = unsigned(cs.hd / kC128SliceCh);
+  const dim3 c128_block(kC128Block);
+  const unsigned slices = unsigned(cs.hd / kC128Ch);
   if (cs.online) {
     if (cs.decode) {
       const Params p = pass_params(base, plan, true);
@@ -27,31 +28,32 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
       DSV4_CHECK_LAUNCH();
     } else {
       const Params pc = pass_params(base, plan, true);
-      launch_kernel(c128_kernel<TS, TI, kModeOnline>, dim3(grid_1d(pc.num_records), slices), block, 0,
-                    stream, pdl, pc);
+      launch_kernel(c128_kernel<TS, TI, kModeOnline>, dim3(grid_1d(pc.num_records), slices), c128_block,
+                    0, stream, pdl, pc);
       DSV4_CHECK_LAUNCH();
       Params pw = pass_params(base, *plan_w, false);
       pw.online_store = 1;
-      launch_kernel(c128_kernel<TS, TI, kModeOnline>, dim3(grid_1d(pw.num_records), slices), block, 0,
-                    stream, pdl, pw);
+      launch_kernel(c128_kernel<TS, TI, kModeOnline>, dim3(grid_1d(pw.num_records), slices), c128_block,
+                    0, stream, pdl, pw);
       DSV4_CHECK_LAUNCH();
     }
     return;
   }
   const Params p = pass_params(base, plan, true);
   if (cs.cr == 4) {
-    const int64_t per_block = kBlock / c4_event_threads(cs.hd);
+    const int64_t per_block = kC4Block / (cs.hd / kVec);
     const dim3 grid(grid_1d((p.num_records + per_block - 1) / per_block));
+    const dim3 c4_block(kC4Block);
     if (cs.decode)
-      launch_kernel(c4_kernel<TS, TI, true>, grid, block, 0, stream, pdl, p);
+      launch_kernel(c4_kernel<TS, TI, true>, grid, c4_block, 0, stream, pdl, p);
     else
-      launch_kernel(c4_kernel<TS, TI, false>, grid, block, 0, stream, pdl, p);
+      launch_kernel(c4_kernel<TS, TI, false>, grid, c4_block, 0, stream, pdl, p);
   } else {
     const dim3 grid(grid_1d(p.num_records), slices);
     if (cs.decode)
-      launch_kernel(c128_kernel<TS, TI, kModeDecode>, grid, block, 0, stream, pdl, p);
+      launch_kernel(c128_kernel<TS, TI, kModeDecode>, grid, c128_block, 0, stream, pdl, p);
     else
-      launch_kernel(c128_kernel<TS, TI, kModePrefill>, grid, block, 0, stream, pdl, p);
+      launch_kernel(c128_kernel<TS, TI, kModePrefill>, grid, c128_block, 0, stream, pdl, p);
   }
   DSV4_CHECK_LAUNCH();
   if (!cs.decode) {

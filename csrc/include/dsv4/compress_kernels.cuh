@@ -1,17 +1,21 @@
 // compress_forward GPU kernels (CUDA and HIP from the same source; SPEC 3.4, 3.5).
 //
-// Torch-free. The math (row sources, absent rows, chunked safe softmax, merges, online state)
-// comes from compress_math.h, shared with the CPU kernel.
+// Torch-free. The math (row sources, absent rows, safe softmax, merges, online state) comes
+// from compress_math.h, shared with the CPU kernel.
 //
-// Work decomposition (all blocks kBlock = 256 threads, every thread owns kVec = 4 consecutive
-// channels, loaded as one 16-byte fp32 / 8-byte bf16 vector):
-//   * c4_kernel<TS, TI, kDecode>: one compress event per hd/4 threads (hd 128: 8 events per
-//     block, hd 512: 2); each thread loads its 8 window rows (kv + score quarters) at once
-//     and folds them in one chunk.
-//   * c128_kernel<TS, TI, kMode>: grid (events, hd / 128); a block owns 128 channels of one
-//     event; its 8 lane groups of 32 threads take 16 window rows each (2 chunks of 8 rows,
-//     one softmax rescale per chunk) and the 8 partial (max, sum, acc) states are merged in
-//     shared memory. Modes: offline prefill, offline decode, online prefill (segments).
+// Every thread owns kVec = 4 consecutive channels (one 16-byte fp32 / 8-byte bf16 vector per
+// row). What makes these kernels fast is that each thread issues ALL its window loads back to
+// back before it uses any: absent rows read a harmless stand-in address (the work item's own
+// 16-byte plan record) instead of branching around the load, and their values are replaced
+// afterwards (score -FLT_MAX, kv 0, see softmax_of). Branchy per-row loads serialised one
+// memory round trip per row (measured on the H200: 3x slower small decode steps).
+//   * c4_kernel<TS, TI, kDecode>: kC4Block = 128 threads; one event per hd/4 threads (hd 128:
+//     4 events per block, hd 512: 1); a thread folds all 8 window rows of its channels.
+//   * c128_kernel<TS, TI, kMode>: grid (events, hd / 64), kC128Block = 512 threads; a block
+//     owns 64 channels of one event, its 16 lane x 32 row-group threads fold 4 rows each; the
+//     partial states are merged across the row-group pair of a 32-lane group by one xor-16
+//     shuffle, then across the 16 lane groups in shared memory (max first, then the sums).
+//     Modes: offline prefill, offline decode, online prefill (segments).
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
 //   * write_rows_kernel<TS, TI>: offline prefill plan_w (copy input rows into state slots);
 //     launched after the compress kernel so that every compress read precedes every write.
@@ -23,6 +27,8 @@
 // kMode in {kModePrefill, kModeDecode, kModeOnline}; all take one `const Params` argument.
 #pragma once
 
+#include <type_traits>
+
 #include "compress_math.h"
 
 #if defined(DSV4_GPU_COMPILER)
@@ -30,26 +36,32 @@
 namespace dsv4 {
 namespace compress {
 
-constexpr int kBlock = 256;
+constexpr int kBlock = 256;  // online decode and row writes
 
 enum : int { kModePrefill = 0, kModeDecode = 1, kModeOnline = 2 };
 
+constexpr int kC4Block = 128;                               // c4_kernel threads per block
+constexpr int kC128Ch = 64;                                 // c128_kernel channels per block
+constexpr int kC128Lanes = kC128Ch / kVec;                  // threads across those channels
+constexpr int kC128Rows = 4;                                // window rows per thread
+constexpr int kC128RowGroups = 128 / kC128Rows;             // 32
+constexpr int kC128Block = kC128Lanes * kC128RowGroups;     // 512
+constexpr int kC128Parts = kC128Block / kLaneGroup;         // partial states after the shuffle
+static_assert(2 * kC128Lanes == kLaneGroup, "a lane group holds two row groups of one slice");
+
 // Resident blocks per multiprocessor the pooling kernels are compiled for (register budget):
-// tuning knobs, measured on the H200 (benchmarks/).
+// tuning knobs, measured on the H200 (benchmarks/bench_compress.py).
 #ifndef DSV4_C4_MIN_BLOCKS
-#define DSV4_C4_MIN_BLOCKS 3
+#define DSV4_C4_MIN_BLOCKS 4
 #endif
-#ifndef DSV4_C128_MIN_BLOCKS  // prefill and online segments
-#define DSV4_C128_MIN_BLOCKS 4
-#endif
-#ifndef DSV4_C128_DECODE_MIN_BLOCKS  // decode also carries the copied row: more registers
-#define DSV4_C128_DECODE_MIN_BLOCKS 3
+#ifndef DSV4_C128_MIN_BLOCKS
+#define DSV4_C128_MIN_BLOCKS 2
 #endif
 
 #if defined(DSV4_HIP)
-#define DSV4_COMPRESS_BOUNDS(min_blocks) __launch_bounds__(kBlock)
+#define DSV4_COMPRESS_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
 #else
-#define DSV4_COMPRESS_BOUNDS(min_blocks) __launch_bounds__(kBlock, min_blocks)
+#define DSV4_COMPRESS_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
 #endif
 
 // ---- 4-channel vector accesses ---------------------------------------------------------------
@@ -114,21 +126,32 @@ DSV4_DEVICE void round4(float (&v)[4]) {
   for (int j = 0; j < 4; ++j) v[j] = round_to(static_cast<const T*>(nullptr), v[j]);
 }
 
-// Load (kv, score) of window row r at channel c from its source into registers; absent rows
-// give kv = 0, score = -FLT_MAX (their weight is masked to 0 by `present`).
+// Window row loads: (kv, score) of one row at kv_off / sc_off from its source, issued
+// unconditionally (absent rows read `stand_in`, 16 valid bytes); absent rows come back as
+// kv = 0, score = -FLT_MAX.
 template <typename TS, typename TI>
-DSV4_DEVICE void load_row(const TS* st, const TI* in, int64_t st_row, int64_t in_row,
-                          const RowSource& s, int64_t kv_off, int64_t sc_off, float (&kv)[4],
-                          float (&sc)[4]) {
-  if (s.kind == kFromState) {
-    const TS* p = st + s.index * st_row;
-    load4(p + kv_off, kv);
-    load4(p + sc_off, sc);
-  } else if (s.kind == kFromInput) {
-    const TI* p = in + s.index * in_row;
-    load4(p + kv_off, kv);
-    load4(p + sc_off, sc);
+DSV4_DEVICE void load_window_row(const TS* st, const TI* in, int64_t st_row, int64_t in_row,
+                                 const RowSource& s, int64_t kv_off, int64_t sc_off,
+                                 const void* stand_in, float (&kv)[4], float (&sc)[4]) {
+  const bool from_state = s.kind == kFromState, from_input = s.kind == kFromInput;
+  const int64_t i = from_state || from_input ? s.index : 0;
+  if constexpr (std::is_same<TS, TI>::value) {
+    const TS* base = from_state ? st + i * st_row : in + i * in_row;
+    const bool on = from_state || from_input;
+    load4(on ? base + kv_off : static_cast<const TS*>(stand_in), kv);
+    load4(on ? base + sc_off : static_cast<const TS*>(stand_in), sc);
   } else {
+    // Mixed dtypes: the input load stays unconditional (prefill rows are nearly all input
+    // rows); the state load is a branch of its own.
+    const TI* ib = in + i * in_row;
+    load4(from_input ? ib + kv_off : static_cast<const TI*>(stand_in), kv);
+    load4(from_input ? ib + sc_off : static_cast<const TI*>(stand_in), sc);
+    if (from_state) {
+      load4(st + i * st_row + kv_off, kv);
+      load4(st + i * st_row + sc_off, sc);
+    }
+  }
+  if (s.kind == kAbsent) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       kv[j] = 0.0f;
@@ -137,10 +160,17 @@ DSV4_DEVICE void load_row(const TS* st, const TI* in, int64_t st_row, int64_t in
   }
 }
 
-// Fold U loaded rows (z already includes ape) into the 4 per-channel states.
+// z <- score + ape[r] for present rows (absent rows keep -FLT_MAX).
+DSV4_DEVICE void add_ape(const Params& p, int r, int c, bool present, float (&z)[4]) {
+  float a[4];
+  load_ape4(p.ape, p.ape_type, int64_t(r) * p.hd + c, a);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) z[j] = present ? z[j] + a[j] : -FLT_MAX;
+}
+
+// Softmax states of U loaded rows, one per channel of the thread.
 template <int U>
-DSV4_DEVICE void fold_rows(SoftmaxState (&acc)[4], const float (&z)[U][4], const float (&kv)[U][4],
-                           const bool (&present)[U]) {
+DSV4_DEVICE void fold_window(SoftmaxState (&acc)[4], const float (&z)[U][4], const float (&kv)[U][4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     float zj[U], kj[U];
@@ -149,7 +179,7 @@ DSV4_DEVICE void fold_rows(SoftmaxState (&acc)[4], const float (&z)[U][4], const
       zj[u] = z[u][j];
       kj[u] = kv[u][j];
     }
-    softmax_fold<U>(acc[j], zj, kj, present);
+    acc[j] = softmax_of<U>(zj, kj);
   }
 }
 
@@ -158,105 +188,77 @@ DSV4_DEVICE void fold_rows(SoftmaxState (&acc)[4], const float (&z)[U][4], const
 // Prefill (kDecode false): plan = CompressPlan rows, pool each window into out[e].
 // Decode (kDecode true): plan = DecodePlan rows; copy input row e into write_loc and pool the
 // window from the state, the just-written row entering as its state-dtype value (taken from
-// registers: the thread that copies channels c..c+3 of a quarter is one that pools them).
-//
-// The 8 window rows are split between the two halves of each 32-lane group: lanes 0..15 fold
-// rows 0..3 (previous window, overlap quarters), lanes 16..31 rows 4..7 (current window) of
-// the same 16 channel groups, and one xor-16 exchange merges the two partial softmax states.
-// Half the registers of a whole-window thread, so twice the resident warps keep more loads in
-// flight (the kernel is latency-bound otherwise). A lane group never spans two events.
-DSV4_HD constexpr int c4_event_threads(int hd) { return 2 * hd / kVec; }  // 64 (hd 128) / 256 (hd 512)
-
+// registers: the thread that copies channels c..c+3 of the row is the one that pools them).
 template <typename TS, typename TI, bool kDecode>
-__global__ void DSV4_COMPRESS_BOUNDS(DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
+__global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
   pdl_wait();
   const int hd = p.hd;
-  const int lanes = hd / kVec;                       // channel groups of one event
+  const int lanes = hd / kVec;  // threads of one event: 32 (hd 128) / 128 (hd 512)
   const int t = int(threadIdx.x);
-  const int half = (t / 16) & 1;                     // 0: rows 0..3, 1: rows 4..7
-  const int cg = (t / kLaneGroup) * 16 + (t % 16);   // channel group within the block
-  const int64_t e = int64_t(blockIdx.x) * (kBlock / c4_event_threads(hd)) + cg / lanes;
-  const int c = (cg % lanes) * kVec;
-  const bool active = e < p.num_records;             // uniform per lane group
+  const int64_t e = int64_t(blockIdx.x) * (kC4Block / lanes) + t / lanes;
+  const int c = (t % lanes) * kVec;
+  const bool active = e < p.num_records;
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
   const int64_t row = 4 * int64_t(hd);  // input and state rows
+  const uint8_t* stand_in = p.plan + (active ? e : 0) * 16;
 
-  WindowDesc d{};
+  WindowDesc d{0, -1, -1, 0, 0, 0};
   int64_t wl = -1;
   bool copy = false;
-  float cp_kv[4], cp_sc[4];  // decode: quarters `half` and `half + 2` of input row e, state-rounded
+  float cp[4][4];  // decode: quarters 0..3 of input row e at c..c+3, state-rounded
   if (active) {
     if constexpr (kDecode) {
       const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
       d = offline_decode_window(rec, 4);
       wl = rec.write_loc;
       copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
-      if (copy) {
-        load4(in + e * row + half * int64_t(hd) + c, cp_kv);
-        load4(in + e * row + (half + 2) * int64_t(hd) + c, cp_sc);
-        round4<TS>(cp_kv);
-        round4<TS>(cp_sc);
-      }
     } else {
-      const CompressPlan rec = reinterpret_cast<const CompressPlan*>(p.plan)[e];
-      d = offline_prefill_window(rec, 4);
+      d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 4);
+    }
+  }
+  if constexpr (kDecode) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      load4(copy ? in + e * row + q * int64_t(hd) + c : static_cast<const TI*>(
+                                                            static_cast<const void*>(stand_in)),
+            cp[q]);
+      round4<TS>(cp[q]);
     }
   }
 
-  float z[4][4], kv[4][4];
-  bool present[4];
+  float z[8][4], kv[8][4];
 #pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int r = half * 4 + u;
-    const RowSource s = active ? row_source(d, 4, r, p.num_state_rows, p.num_in_rows)
-                               : RowSource{kAbsent, -1};
-    present[u] = s.kind != kAbsent;
+  for (int r = 0; r < 8; ++r) {
+    const RowSource s = row_source(d, 4, r, p.num_state_rows, p.num_in_rows);
+    load_window_row(st, in, row, row, s, kv_offset(4, hd, r) + c, score_offset(4, hd, r) + c,
+                    stand_in, kv[r], z[r]);
     if (kDecode && copy && s.kind == kFromState && s.index == wl) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        kv[u][j] = cp_kv[j];
-        z[u][j] = cp_sc[j];
+        kv[r][j] = cp[r < 4 ? 0 : 1][j];
+        z[r][j] = cp[r < 4 ? 2 : 3][j];
       }
-    } else {
-      load_row(st, in, row, row, s, kv_offset(4, hd, r) + c, score_offset(4, hd, r) + c, kv[u],
-               z[u]);
     }
   }
 #pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    float a[4];
-    load_ape4(p.ape, p.ape_type, int64_t(half * 4 + u) * hd + c, a);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) z[u][j] += a[j];
-  }
+  for (int r = 0; r < 8; ++r)
+    add_ape(p, r, c, row_source(d, 4, r, p.num_state_rows, p.num_in_rows).kind != kAbsent, z[r]);
   pdl_trigger();
+  if (!active) return;
 
   SoftmaxState acc[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) acc[j] = softmax_empty();
-  fold_rows<4>(acc, z, kv, present);
+  fold_window<8>(acc, z, kv);
   float res[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const SoftmaxState other{shfl_xor(acc[j].m, 16), shfl_xor(acc[j].s, 16), shfl_xor(acc[j].a, 16)};
-    if (half == 0) {
-      softmax_merge(acc[j], other);
-    } else {  // same merge order in both halves, so both hold the same bits
-      SoftmaxState mine = other;
-      softmax_merge(mine, acc[j]);
-      acc[j] = mine;
-    }
-    res[j] = softmax_value(acc[j]);
-  }
-  if (!active) return;
-  if (half == 0) store_out4(p.out, p.out_type, e * hd + c, res);
+  for (int j = 0; j < 4; ++j) res[j] = softmax_value(acc[j]);
+  store_out4(p.out, p.out_type, e * hd + c, res);
 
   if constexpr (kDecode) {
     if (copy) {
-      store4(st + wl * row + half * int64_t(hd) + c, cp_kv);
-      store4(st + wl * row + (half + 2) * int64_t(hd) + c, cp_sc);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) store4(st + wl * row + q * int64_t(hd) + c, cp[q]);
     }
   }
 }
@@ -264,29 +266,29 @@ __global__ void DSV4_COMPRESS_BOUNDS(DSV4_C4_MIN_BLOCKS) c4_kernel(const Params 
 // ---- cr = 128 -------------------------------------------------------------------------------
 
 // kModePrefill: CompressPlan rows, window per SPEC 3.1 -> out[e].
-// kModeDecode: DecodePlan rows; copy input row e into write_loc (by the lane group that pools
+// kModeDecode: DecodePlan rows; copy input row e into write_loc (by the row group that pools
 //   that row, which uses the state-rounded registers), pool page read_page_1 -> out[e].
 // kModeOnline: online segments (CompressPlan rows); merge with the stored state when the
 //   segment does not start its chunk; p.online_store == 0: out[e] = K, else store (M, S, K)
 //   at read_page_0 (p.out is null).
 template <typename TS, typename TI, int kMode>
-__global__ void DSV4_COMPRESS_BOUNDS(kMode == kModeDecode ? DSV4_C128_DECODE_MIN_BLOCKS : DSV4_C128_MIN_BLOCKS) c128_kernel(const Params p) {
-  constexpr int kGroupThreads = kBlock / kC128Groups;  // 32 threads x 4 channels = one slice
-  static_assert(kGroupThreads * kVec == kC128SliceCh, "a lane group covers one channel slice");
-  alignas(16) __shared__ float part[3][kC128Groups][kC128SliceCh];
+__global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kernel(const Params p) {
+  alignas(16) __shared__ float part[3][kC128Parts][kC128Ch];
 
   pdl_wait();
   const int64_t e = blockIdx.x;
-  const int g = int(threadIdx.x) / kGroupThreads;
-  const int lane = int(threadIdx.x) % kGroupThreads;
+  const int t = int(threadIdx.x);
+  const int g = t / kC128Lanes;  // row group: window rows 4g .. 4g+3
+  const int lane = t % kC128Lanes;
   const int hd = p.hd;
-  const int c0 = int(blockIdx.y) * kC128SliceCh;
+  const int c0 = int(blockIdx.y) * kC128Ch;
   const int c = c0 + lane * kVec;
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
   const int64_t in_row = 2 * int64_t(hd);
   const int64_t st_row = kMode == kModeOnline ? 3 * int64_t(hd) : in_row;
+  const uint8_t* stand_in = p.plan + e * 16;
 
   WindowDesc d{};
   OnlineSegment seg{};
@@ -294,67 +296,61 @@ __global__ void DSV4_COMPRESS_BOUNDS(kMode == kModeDecode ? DSV4_C128_DECODE_MIN
   bool copier = false;
   float ckv[4], csc[4];  // decode: input row e at channels c..c+3 (kv, score), state-rounded
   if constexpr (kMode == kModePrefill) {
-    const CompressPlan rec = reinterpret_cast<const CompressPlan*>(p.plan)[e];
-    d = offline_prefill_window(rec, 128);
+    d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 128);
   } else if constexpr (kMode == kModeDecode) {
     const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
     d = offline_decode_window(rec, 128);
     wl = rec.write_loc;
     const bool copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
-    // Window row of the written slot (-1: not in this window): its lane group copies.
+    // Window row of the written slot (-1: not in this window): its row group copies.
     int64_t rw = -1;
     if (d.hi > 0 && d.page1 >= 0 && d.page1 < p.num_state_rows / 128) {
-      const int64_t t = wl - d.page1 * 128;
-      rw = (t >= 0 && t < 128) ? t : -1;
+      const int64_t o = wl - d.page1 * 128;
+      rw = (o >= 0 && o < 128) ? o : -1;
     }
-    copier = copy && g == (rw >= 0 ? int(rw) / kC128GroupRows : 0);
-    if (copier) {
-      load4(in + e * in_row + c, ckv);
-      load4(in + e * in_row + hd + c, csc);
-      round4<TS>(ckv);
-      round4<TS>(csc);
-    }
+    copier = copy && g == (rw >= 0 ? int(rw) / kC128Rows : 0);
+    const TI* src = copier ? in + e * in_row + c : static_cast<const TI*>(static_cast<const void*>(stand_in));
+    load4(src, ckv);
+    load4(copier ? src + hd : src, csc);
+    round4<TS>(ckv);
+    round4<TS>(csc);
   } else {
-    const CompressPlan rec = reinterpret_cast<const CompressPlan*>(p.plan)[e];
-    seg = online_segment(rec);
+    seg = online_segment(reinterpret_cast<const CompressPlan*>(p.plan)[e]);
     d = seg.win;
   }
 
-  SoftmaxState acc[4];
+  float z[kC128Rows][4], kv[kC128Rows][4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) acc[j] = softmax_empty();
+  for (int u = 0; u < kC128Rows; ++u) {
+    const RowSource s = row_source(d, 128, g * kC128Rows + u, p.num_state_rows, p.num_in_rows);
+    load_window_row(st, in, st_row, in_row, s, int64_t(c), int64_t(hd) + c, stand_in, kv[u], z[u]);
+    if (kMode == kModeDecode && copier && s.kind == kFromState && s.index == wl) {
 #pragma unroll
-  for (int chunk = 0; chunk < kC128GroupRows / kChunk; ++chunk) {
-    const int r0 = g * kC128GroupRows + chunk * kChunk;
-    if (r0 + kChunk <= d.lo || r0 >= d.hi) continue;  // uniform per lane group
-    float z[kChunk][4], kv[kChunk][4];
-    bool present[kChunk];
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const RowSource s = row_source(d, 128, r0 + u, p.num_state_rows, p.num_in_rows);
-      present[u] = s.kind != kAbsent;
-      if (kMode == kModeDecode && copier && s.kind == kFromState && s.index == wl) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          kv[u][j] = ckv[j];
-          z[u][j] = csc[j];
-        }
-      } else {
-        load_row(st, in, st_row, in_row, s, int64_t(c), int64_t(hd) + c, kv[u], z[u]);
+      for (int j = 0; j < 4; ++j) {
+        kv[u][j] = ckv[j];
+        z[u][j] = csc[j];
       }
     }
+  }
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      float a[4];
-      load_ape4(p.ape, p.ape_type, int64_t(r0 + u) * hd + c, a);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) z[u][j] += a[j];
-    }
-    fold_rows<kChunk>(acc, z, kv, present);
+  for (int u = 0; u < kC128Rows; ++u) {
+    const int r = g * kC128Rows + u;
+    add_ape(p, r, c, row_source(d, 128, r, p.num_state_rows, p.num_in_rows).kind != kAbsent, z[u]);
   }
   pdl_trigger();
 
-  {
+  SoftmaxState acc[4];
+  fold_window<kC128Rows>(acc, z, kv);
+  // Row groups 2k and 2k+1 share a lane group: merge them (same order in both halves).
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const SoftmaxState o{shfl_xor(acc[j].m, kC128Lanes), shfl_xor(acc[j].s, kC128Lanes),
+                         shfl_xor(acc[j].a, kC128Lanes)};
+    SoftmaxState lo = (g & 1) ? o : acc[j];
+    softmax_merge(lo, (g & 1) ? acc[j] : o);
+    acc[j] = lo;
+  }
+  if ((g & 1) == 0) {
     float m4[4], s4[4], a4[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -362,19 +358,27 @@ __global__ void DSV4_COMPRESS_BOUNDS(kMode == kModeDecode ? DSV4_C128_DECODE_MIN
       s4[j] = acc[j].s;
       a4[j] = acc[j].a;
     }
-    store4(&part[0][g][lane * kVec], m4);
-    store4(&part[1][g][lane * kVec], s4);
-    store4(&part[2][g][lane * kVec], a4);
+    store4(&part[0][g / 2][lane * kVec], m4);
+    store4(&part[1][g / 2][lane * kVec], s4);
+    store4(&part[2][g / 2][lane * kVec], a4);
   }
   __syncthreads();
 
-  if (threadIdx.x < kC128SliceCh) {
-    const int cc = int(threadIdx.x);
+  if (t < kC128Ch) {
+    const int cc = t;
     const int ch = c0 + cc;
-    SoftmaxState x{part[0][0][cc], part[1][0][cc], part[2][0][cc]};
+    // Merge of the partial states: the common max first, then independent rescales.
+    float M = -FLT_MAX;
 #pragma unroll
-    for (int gg = 1; gg < kC128Groups; ++gg)
-      softmax_merge(x, SoftmaxState{part[0][gg][cc], part[1][gg][cc], part[2][gg][cc]});
+    for (int k = 0; k < kC128Parts; ++k) M = fmaxf(M, part[0][k][cc]);
+    float S = 0.0f, A = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kC128Parts; ++k) {
+      const float f = fexp(part[0][k][cc] - M);
+      S = fmaf(part[1][k][cc], f, S);
+      A = fmaf(part[2][k][cc], f, A);
+    }
+    SoftmaxState x{M, S, A};
     if constexpr (kMode == kModeOnline) {
       if (seg.merge) {
         SoftmaxState y = softmax_empty();
@@ -413,7 +417,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kMode == kModeDecode ? DSV4_C128_DECODE_MIN
 // read_page_0 (restart at q == 0); q == 127: out = K' and the state is not stored; otherwise
 // store (M, S', K') at write_loc and out = 0.
 template <typename TS, typename TI>
-__global__ void DSV4_COMPRESS_BOUNDS(2) online_decode_kernel(const Params p) {
+__global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Params p) {
   pdl_wait();
   const int hd = p.hd;
   const int lanes = hd / kVec;
@@ -449,7 +453,11 @@ __global__ void DSV4_COMPRESS_BOUNDS(2) online_decode_kernel(const Params p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) z[0][j] += a[j];
     const bool present[1] = {true};
-    fold_rows<1>(s, z, kv, present);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float zj[1] = {z[0][j]}, kj[1] = {kv[0][j]};
+      softmax_fold<1>(s[j], zj, kj, present);
+    }
     if (q == 127) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) res[j] = softmax_value(s[j]);
@@ -479,7 +487,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(2) online_decode_kernel(const Params p) {
 // Copy input row ragged_id into state slot write_loc for every valid WritePlan record (input
 // and state rows have the same width); 4 elements per thread and step, grid-stride.
 template <typename TS, typename TI>
-__global__ void DSV4_COMPRESS_BOUNDS(2) write_rows_kernel(const Params p) {
+__global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p) {
   pdl_wait();
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);

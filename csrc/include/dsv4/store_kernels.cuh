@@ -120,6 +120,30 @@ DSV4_DEVICE float abs_max4(const float (&v)[4]) {
   return m;
 }
 
+// Two e4m3 codes (a in bits 0-7, b in bits 8-15) of f32_to_e4m3_satfinite: one hardware
+// conversion on sm_89+ (round-to-nearest-even, saturating: the same codes; a NaN is patched to
+// the software rule's 0x7f), the shared software rule elsewhere. The conversion was most of
+// the fp8 store kernels' instruction count.
+DSV4_DEVICE uint32_t e4m3x2(float a, float b) {
+#if !defined(DSV4_HIP) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+  const uint32_t lo = a != a ? 0x7fu : uint32_t(r & 0xffu);
+  const uint32_t hi = b != b ? 0x7fu : uint32_t(r >> 8);
+  return lo | (hi << 8);
+#else
+  return uint32_t(f32_to_e4m3_satfinite(a)) | (uint32_t(f32_to_e4m3_satfinite(b)) << 8);
+#endif
+}
+
+// Four codes of v[k] * s (ds_mla) or v[k] / s (indexer), little-endian in one word.
+DSV4_DEVICE uint32_t e4m3x4_mul(const float (&v)[4], float s) {
+  return e4m3x2(v[0] * s, v[1] * s) | (e4m3x2(v[2] * s, v[3] * s) << 16);
+}
+DSV4_DEVICE uint32_t e4m3x4_div(const float (&v)[4], float s) {
+  return e4m3x2(v[0] / s, v[1] / s) | (e4m3x2(v[2] / s, v[3] / s) << 16);
+}
+
 }  // namespace store_detail
 
 template <int kFormat, typename KvT>
@@ -135,7 +159,7 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   pdl_wait();
   if (t >= a.n_rows) return;  // uniform over the lane group
 
-  // Round 1: the plan record (broadcast to the group) and the norm weights.
+  // Round 1: the plan record (broadcast to the group), the norm weights and the row.
   const uint8_t* rec = a.plan + t * 16;
   uint32_t seq_len, word1;
   if (a.vec_in) {
@@ -156,18 +180,19 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
     else
       load4(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
   }
+  // The row does not depend on the record: load it in the same round.
+  float x[kJ][4];
+  const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
   int64_t loc_index = 0, pos = 0;
   if (!store_row_target(seq_len, int32_t(word1), a.is_decode, a.compress_ratio, t,
                         a.num_out_loc, a.max_pos, &loc_index, &pos))
     return;  // inactive row: writes nothing
 
-  // Round 2: destination, the row, and the rope lanes' (cos, sin) pairs.
+  // Round 2: destination and the rope lanes' (cos, sin) pairs.
   const int64_t loc = a.loc64 ? static_cast<const int64_t*>(a.out_loc)[loc_index]
                               : int64_t(static_cast<const int32_t*>(a.out_loc)[loc_index]);
-  float x[kJ][4];
-  const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
   const bool rope_lane = lane >= kLaneGroup / 2;  // dims hd-64.. live in chunk kJ-1, lanes 16..31
   float f[4] = {1.0f, 0.0f, 1.0f, 0.0f};
   if (rope_lane) load4(a.freqs + pos * kRopeDim + 4 * (lane - kLaneGroup / 2), a.vec_in, f);
@@ -201,32 +226,33 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   }
 
   if constexpr (kFormat == kStoreFp8DsMla) {
-    // bf16-round first; one UE8M0 scale per 64 dims = 16 lanes of one chunk.
-    float yb[kJ][4];
-#pragma unroll
-    for (int j = 0; j < kJ; ++j)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) yb[j][k] = round_to_bf16(y[j][k]);
+    // bf16-round first; one UE8M0 scale per 64 dims = 16 lanes of one chunk. Lane 0 gathers
+    // the 7 scale bytes and writes them as 4 + 2 + 1 bytes (byte 7 is unused by the format and
+    // left untouched, as by the CPU kernel and dsv4_ops.reference.store).
+    uint32_t ex[kJ];
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
-      const float amax = subgroup_max<16>(abs_max4(yb[j]));
+      float yb[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) yb[k] = round_to_bf16(y[j][k]);
+      ex[j] = ds_mla_exponent(subgroup_max<16>(abs_max4(yb)));
       const int group = 2 * j + lane / 16;  // dims 64*group .. 64*group+63
       if (group < kDsMlaNopeDim / kDsMlaGroup) {
-        const uint8_t e = ds_mla_exponent(amax);
-        const float s = ue8m0_inv_scale(e);
-        store_u32(data + lane_dim(j, lane, 0),
-                  pack4(ds_mla_code(yb[j][0], s), ds_mla_code(yb[j][1], s),
-                        ds_mla_code(yb[j][2], s), ds_mla_code(yb[j][3], s)),
+        store_u32(data + lane_dim(j, lane, 0), e4m3x4_mul(yb, ue8m0_inv_scale(uint8_t(ex[j]))),
                   a.vec_out);
-        if (lane % 16 == 0) scales[group] = e;
       } else {
         // Rope dims 448..511 as bf16 at byte 448 + 2*(dim-448) = 2*dim - 448.
         const uint32_t lo = uint32_t(f32_to_bf16(y[j][0])) | (uint32_t(f32_to_bf16(y[j][1])) << 16);
         const uint32_t hi = uint32_t(f32_to_bf16(y[j][2])) | (uint32_t(f32_to_bf16(y[j][3])) << 16);
         store_u64(data + 2 * lane_dim(j, lane, 0) - kDsMlaNopeDim, lo, hi, a.vec_out);
-        // Scale byte 7 is unused by the format and left untouched (as by the CPU kernel and
-        // dsv4_ops.reference.store): a store writes exactly 576 + 7 bytes per token.
       }
+    }
+    // Scale of group 2j + 1 lives in lane 16 of chunk j.
+    const uint32_t e1 = shfl_xor(ex[0], 16), e3 = shfl_xor(ex[1], 16), e5 = shfl_xor(ex[2], 16);
+    if (lane == 0) {
+      store_u32(scales, ex[0] | (e1 << 8) | (ex[1] << 16) | (e3 << 24), a.vec_out);
+      store_u16(scales + 4, ex[2] | (e5 << 8), a.vec_out);
+      scales[6] = uint8_t(ex[3]);
     }
   } else if constexpr (kFormat == kStoreBf16) {
 #pragma unroll
@@ -255,10 +281,7 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
 
     if constexpr (kFormat == kStoreFp8Indexer) {
       const float scale = fp8_indexer_scale(group_max(abs_max4(y[0])));
-      store_u32(data + 4 * lane,
-                pack4(fp8_indexer_code(v[0], scale), fp8_indexer_code(v[1], scale),
-                      fp8_indexer_code(v[2], scale), fp8_indexer_code(v[3], scale)),
-                a.vec_out);
+      store_u32(data + 4 * lane, e4m3x4_div(y[0], scale), a.vec_out);
       if (lane == 0) store_u32(scales, f32_bits(scale), a.vec_out);
     } else {
       static_assert(kFormat == kStoreFp4Indexer, "unknown store format");
