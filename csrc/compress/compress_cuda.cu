@@ -59,8 +59,7 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
   if (!cs.decode) {
     // Writes strictly after every compress read of this call (stream order / PDL wait).
     const Params pw = pass_params(base, *plan_w, false);
-    const int64_t units = pw.num_records * (input_row_elems(cs.cr, cs.hd) / kVec);
-    const int64_t blocks = std::min<int64_t>((units + kBlock - 1) / kBlock, 8192);
+    const int64_t blocks = std::min<int64_t>((pw.num_records + kWriteGroups - 1) / kWriteGroups, 2048);
     launch_kernel(write_rows_kernel<TS, TI>, dim3(grid_1d(blocks)), block, 0, stream, pdl, pw);
     DSV4_CHECK_LAUNCH();
   }

@@ -126,32 +126,52 @@ DSV4_DEVICE void round4(float (&v)[4]) {
   for (int j = 0; j < 4; ++j) v[j] = round_to(static_cast<const T*>(nullptr), v[j]);
 }
 
+// Window rows are read once per call: streaming (evict-first) loads on CUDA.
+DSV4_DEVICE void load4_stream(const float* p, float (&v)[4]) {
+#if defined(DSV4_HIP)
+  load4(p, v);
+#else
+  const float4 t = __ldcs(reinterpret_cast<const float4*>(p));
+  v[0] = t.x;
+  v[1] = t.y;
+  v[2] = t.z;
+  v[3] = t.w;
+#endif
+}
+
+DSV4_DEVICE void load4_stream(const uint16_t* p, float (&v)[4]) {
+#if defined(DSV4_HIP)
+  load4(p, v);
+#else
+  unpack_bf16x4(__ldcs(reinterpret_cast<const uint2*>(p)), v);
+#endif
+}
+
 // Window row loads: (kv, score) of one row at kv_off / sc_off from its source, issued
 // unconditionally (absent rows read `stand_in`, 16 valid bytes); absent rows come back as
-// kv = 0, score = -FLT_MAX.
+// kv = 0, score = -FLT_MAX, which softmax_of weighs 0.
 template <typename TS, typename TI>
 DSV4_DEVICE void load_window_row(const TS* st, const TI* in, int64_t st_row, int64_t in_row,
                                  const RowSource& s, int64_t kv_off, int64_t sc_off,
                                  const void* stand_in, float (&kv)[4], float (&sc)[4]) {
   const bool from_state = s.kind == kFromState, from_input = s.kind == kFromInput;
-  const int64_t i = from_state || from_input ? s.index : 0;
   if constexpr (std::is_same<TS, TI>::value) {
-    const TS* base = from_state ? st + i * st_row : in + i * in_row;
+    const TS* base = (from_state ? st : in) + s.index * (from_state ? st_row : in_row);
     const bool on = from_state || from_input;
-    load4(on ? base + kv_off : static_cast<const TS*>(stand_in), kv);
-    load4(on ? base + sc_off : static_cast<const TS*>(stand_in), sc);
+    load4_stream(on ? base + kv_off : static_cast<const TS*>(stand_in), kv);
+    load4_stream(on ? base + sc_off : static_cast<const TS*>(stand_in), sc);
   } else {
     // Mixed dtypes: the input load stays unconditional (prefill rows are nearly all input
     // rows); the state load is a branch of its own.
-    const TI* ib = in + i * in_row;
-    load4(from_input ? ib + kv_off : static_cast<const TI*>(stand_in), kv);
-    load4(from_input ? ib + sc_off : static_cast<const TI*>(stand_in), sc);
+    const TI* ib = in + s.index * in_row;
+    load4_stream(from_input ? ib + kv_off : static_cast<const TI*>(stand_in), kv);
+    load4_stream(from_input ? ib + sc_off : static_cast<const TI*>(stand_in), sc);
     if (from_state) {
-      load4(st + i * st_row + kv_off, kv);
-      load4(st + i * st_row + sc_off, sc);
+      load4_stream(st + s.index * st_row + kv_off, kv);
+      load4_stream(st + s.index * st_row + sc_off, sc);
     }
   }
-  if (s.kind == kAbsent) {
+  if (!(from_state || from_input)) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       kv[j] = 0.0f;
@@ -160,12 +180,13 @@ DSV4_DEVICE void load_window_row(const TS* st, const TI* in, int64_t st_row, int
   }
 }
 
-// z <- score + ape[r] for present rows (absent rows keep -FLT_MAX).
-DSV4_DEVICE void add_ape(const Params& p, int r, int c, bool present, float (&z)[4]) {
+// z <- score + ape[r]. An absent row's -FLT_MAX stays -FLT_MAX (ape is far smaller; the
+// clamp keeps a huge negative ape from making it -inf, which would give inf - inf later).
+DSV4_DEVICE void add_ape(const Params& p, int r, int c, float (&z)[4]) {
   float a[4];
   load_ape4(p.ape, p.ape_type, int64_t(r) * p.hd + c, a);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) z[j] = present ? z[j] + a[j] : -FLT_MAX;
+  for (int j = 0; j < 4; ++j) z[j] = fmaxf(z[j] + a[j], -FLT_MAX);
 }
 
 // Softmax states of U loaded rows, one per channel of the thread.
@@ -243,8 +264,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
     }
   }
 #pragma unroll
-  for (int r = 0; r < 8; ++r)
-    add_ape(p, r, c, row_source(d, 4, r, p.num_state_rows, p.num_in_rows).kind != kAbsent, z[r]);
+  for (int r = 0; r < 8; ++r) add_ape(p, r, c, z[r]);
   pdl_trigger();
   if (!active) return;
 
@@ -333,10 +353,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     }
   }
 #pragma unroll
-  for (int u = 0; u < kC128Rows; ++u) {
-    const int r = g * kC128Rows + u;
-    add_ape(p, r, c, row_source(d, 128, r, p.num_state_rows, p.num_in_rows).kind != kAbsent, z[u]);
-  }
+  for (int u = 0; u < kC128Rows; ++u) add_ape(p, g * kC128Rows + u, c, z[u]);
   pdl_trigger();
 
   SoftmaxState acc[4];
@@ -485,27 +502,34 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
 // ---- offline prefill writes -------------------------------------------------------------------
 
 // Copy input row ragged_id into state slot write_loc for every valid WritePlan record (input
-// and state rows have the same width); 4 elements per thread and step, grid-stride.
+// and state rows have the same width). One 32-lane group per record (grid-stride): a group
+// reads its record once and skips an invalid one as a whole, so the planners' padding of
+// num_q_tokens mostly-invalid records costs one load per group, not one per row element.
+constexpr int kWriteGroups = kBlock / kLaneGroup;  // records in flight per block
+
 template <typename TS, typename TI>
 __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p) {
   pdl_wait();
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
   const int64_t row = input_row_elems(p.cr, p.hd);
-  const int64_t vecs = row / kVec;
-  const int64_t total = p.num_records * vecs;
   const auto* plan = reinterpret_cast<const WritePlan*>(p.plan);
-  for (int64_t i = int64_t(blockIdx.x) * kBlock + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * kBlock) {
-    const int64_t k = i / vecs;
-    const int64_t v = (i - k * vecs) * kVec;
+  const int lane = int(threadIdx.x) % kLaneGroup;
+  const int64_t stride = int64_t(gridDim.x) * kWriteGroups;
+  for (int64_t k = int64_t(blockIdx.x) * kWriteGroups + threadIdx.x / kLaneGroup;
+       k < p.num_records; k += stride) {
     const WritePlan w = plan[k];
     if (!is_valid(w)) continue;
     const int64_t src = int64_t(w.ragged_id), dst = w.write_loc;
     if (src >= p.num_in_rows || dst < 0 || dst >= p.num_state_rows) continue;
-    float x[4];
-    load4(in + src * row + v, x);
-    store4(st + dst * row + v, x);
+    const TI* from = in + src * row;
+    TS* to = st + dst * row;
+#pragma unroll 4
+    for (int64_t v = lane * kVec; v < row; v += kLaneGroup * kVec) {
+      float x[4];
+      load4(from + v, x);
+      store4(to + v, x);
+    }
   }
   pdl_trigger();
 }
