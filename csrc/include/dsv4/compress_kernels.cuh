@@ -161,11 +161,15 @@ DSV4_DEVICE void load_window_row(const TS* st, const TI* in, int64_t st_row, int
     load4_stream(on ? base + kv_off : static_cast<const TS*>(stand_in), kv);
     load4_stream(on ? base + sc_off : static_cast<const TS*>(stand_in), sc);
   } else {
-    // Mixed dtypes: only the input rows here (prefill rows are nearly all input rows); the
-    // state rows follow in a second phase (load_state_row), after every input load issued.
+    // Mixed dtypes: the input load stays unconditional (prefill rows are nearly all input
+    // rows); the state load is a branch of its own.
     const TI* ib = in + s.index * in_row;
     load4_stream(from_input ? ib + kv_off : static_cast<const TI*>(stand_in), kv);
     load4_stream(from_input ? ib + sc_off : static_cast<const TI*>(stand_in), sc);
+    if (from_state) {
+      load4_stream(st + s.index * st_row + kv_off, kv);
+      load4_stream(st + s.index * st_row + sc_off, sc);
+    }
   }
   if (!(from_state || from_input)) {
 #pragma unroll
@@ -174,29 +178,6 @@ DSV4_DEVICE void load_window_row(const TS* st, const TI* in, int64_t st_row, int
       sc[j] = -FLT_MAX;
     }
   }
-}
-
-// Second phase of a mixed-dtype window (TS != TI): a row that comes from the state buffer.
-template <typename TS, typename TI>
-DSV4_DEVICE void load_state_row(const TS* st, int64_t st_row, const RowSource& s, int64_t kv_off,
-                                int64_t sc_off, float (&kv)[4], float (&sc)[4]) {
-  if (!std::is_same<TS, TI>::value && s.kind == kFromState) {
-    load4_stream(st + s.index * st_row + kv_off, kv);
-    load4_stream(st + s.index * st_row + sc_off, sc);
-  }
-}
-
-// Rows a thread folds that are all absent (e.g. a decode step that closes no window) load
-// nothing: kv 0, score -FLT_MAX.
-template <int U>
-DSV4_DEVICE void absent_rows(float (&z)[U][4], float (&kv)[U][4]) {
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      kv[u][j] = 0.0f;
-      z[u][j] = -FLT_MAX;
-    }
 }
 
 // z <- score + ape[r]. An absent row's -FLT_MAX stays -FLT_MAX (ape is far smaller; the
@@ -269,33 +250,18 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   }
 
   float z[8][4], kv[8][4];
-  if (d.lo < d.hi) {
 #pragma unroll
-    for (int r = 0; r < 8; ++r)
-      load_window_row(st, in, row, row, row_source(d, 4, r, p.num_state_rows, p.num_in_rows),
-                      kv_offset(4, hd, r) + c, score_offset(4, hd, r) + c, stand_in, kv[r], z[r]);
-    if (!std::is_same<TS, TI>::value && d.bl > d.lo) {
+  for (int r = 0; r < 8; ++r) {
+    const RowSource s = row_source(d, 4, r, p.num_state_rows, p.num_in_rows);
+    load_window_row(st, in, row, row, s, kv_offset(4, hd, r) + c, score_offset(4, hd, r) + c,
+                    stand_in, kv[r], z[r]);
+    if (kDecode && copy && s.kind == kFromState && s.index == wl) {
 #pragma unroll
-      for (int r = 0; r < 8; ++r)
-        load_state_row<TS, TI>(st, row, row_source(d, 4, r, p.num_state_rows, p.num_in_rows),
-                               kv_offset(4, hd, r) + c, score_offset(4, hd, r) + c, kv[r], z[r]);
-    }
-    if constexpr (kDecode) {
-      // The row this step writes enters as its state-dtype value, from registers.
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const RowSource s = row_source(d, 4, r, p.num_state_rows, p.num_in_rows);
-        if (copy && s.kind == kFromState && s.index == wl) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            kv[r][j] = cp[r < 4 ? 0 : 1][j];
-            z[r][j] = cp[r < 4 ? 2 : 3][j];
-          }
-        }
+      for (int j = 0; j < 4; ++j) {
+        kv[r][j] = cp[r < 4 ? 0 : 1][j];
+        z[r][j] = cp[r < 4 ? 2 : 3][j];
       }
     }
-  } else {
-    absent_rows<8>(z, kv);
   }
 #pragma unroll
   for (int r = 0; r < 8; ++r) add_ape(p, r, c, z[r]);
@@ -374,33 +340,17 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   }
 
   float z[kC128Rows][4], kv[kC128Rows][4];
-  const int r0 = g * kC128Rows;
-  if (r0 + kC128Rows > d.lo && r0 < d.hi) {
 #pragma unroll
-    for (int u = 0; u < kC128Rows; ++u)
-      load_window_row(st, in, st_row, in_row, row_source(d, 128, r0 + u, p.num_state_rows, p.num_in_rows),
-                      int64_t(c), int64_t(hd) + c, stand_in, kv[u], z[u]);
-    if (!std::is_same<TS, TI>::value && d.bl > r0) {
+  for (int u = 0; u < kC128Rows; ++u) {
+    const RowSource s = row_source(d, 128, g * kC128Rows + u, p.num_state_rows, p.num_in_rows);
+    load_window_row(st, in, st_row, in_row, s, int64_t(c), int64_t(hd) + c, stand_in, kv[u], z[u]);
+    if (kMode == kModeDecode && copier && s.kind == kFromState && s.index == wl) {
 #pragma unroll
-      for (int u = 0; u < kC128Rows; ++u)
-        load_state_row<TS, TI>(st, st_row, row_source(d, 128, r0 + u, p.num_state_rows, p.num_in_rows),
-                               int64_t(c), int64_t(hd) + c, kv[u], z[u]);
-    }
-    if constexpr (kMode == kModeDecode) {
-#pragma unroll
-      for (int u = 0; u < kC128Rows; ++u) {
-        const RowSource s = row_source(d, 128, r0 + u, p.num_state_rows, p.num_in_rows);
-        if (copier && s.kind == kFromState && s.index == wl) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            kv[u][j] = ckv[j];
-            z[u][j] = csc[j];
-          }
-        }
+      for (int j = 0; j < 4; ++j) {
+        kv[u][j] = ckv[j];
+        z[u][j] = csc[j];
       }
     }
-  } else {
-    absent_rows<kC128Rows>(z, kv);
   }
 #pragma unroll
   for (int u = 0; u < kC128Rows; ++u) add_ape(p, g * kC128Rows + u, c, z[u]);
