@@ -765,8 +765,10 @@ def _good_args(device, cr=4, hd=128, online=False):
     (lambda a: a.__setitem__(8, True), "is_online"),
     (lambda a: a.__setitem__(0, a[0].double()), "kv_score_buffer"),
     (lambda a: a.__setitem__(0, a[0][..., :-4]), "kv_score_buffer"),
+    (lambda a: a.__setitem__(0, torch.cat([a[0], a[0]], -1)[..., :a[0].shape[-1]]), "kv_score_buffer"),
     (lambda a: a.__setitem__(1, a[1].half()), "kv_score_input"),
     (lambda a: a.__setitem__(1, a[1][:1]), "kv_score_input"),
+    (lambda a: a.__setitem__(1, a[1][:, :-4].contiguous()), "kv_score_input"),
     (lambda a: a.__setitem__(1, torch.zeros(4, 2, 128, device=a[1].device)), "kv_score_input"),
     (lambda a: a.__setitem__(2, a[2][:4]), "ape"),
     (lambda a: a.__setitem__(2, a[2].double()), "ape"),
@@ -774,6 +776,7 @@ def _good_args(device, cr=4, hd=128, online=False):
     (lambda a: a.__setitem__(3, a[3].view(torch.int32)), "plan"),
     (lambda a: a.__setitem__(4, torch.zeros(2, 16, dtype=torch.uint8, device=a[3].device)), "plan_w"),
     (lambda a: a.__setitem__(5, a[5][:, :64]), "out"),
+    (lambda a: a.__setitem__(5, torch.zeros(3, a[5].shape[1], device=a[5].device)), "out"),
     (lambda a: a.__setitem__(5, a[5].half()), "out"),
     (lambda a: a.__setitem__(5, torch.zeros(128, 2, device=a[5].device).t()), "out"),
 ])

@@ -7,7 +7,7 @@ import torch
 import dsv4_ops
 from dsv4_ops import ops
 
-from op_samples import decode_world, freqs_real, make_world
+from op_samples import decode_world, make_world
 
 OPS = torch.ops.dsv4
 
@@ -85,51 +85,9 @@ def test_plan_prefill_tokens_exceed_num_q(device):
     raises("plan_prefill", "num_q_tokens", _prefill_args(w, num_q_tokens=w.num_q - 1))
 
 
-def _compress_call(w, **over):
-    hd, cr = w.head_dim, w.compress_ratio
-    plan = dsv4_ops.CompressorDecodePlan.generate(cr, w.rid, w.req_to_token, w.full_to_state,
-                                                  w.seq_lens, 64, w.ring)
-    a = dict(kv_score_buffer=w.state, kv_score_input=w.kv_in, ape=w.ape, plan=plan.plan_d,
-             plan_w=None, out=torch.empty((2, hd), device=w.device), head_dim=hd,
-             compress_ratio=cr, is_online=False)
-    a.update(over)
-    return lambda: ops.compress_forward_op(**a)
-
-
-def test_compress_head_dim(device):
-    w = decode_world(device)
-    raises("compress_forward", "head_dim", _compress_call(w, head_dim=256))
-
-
-def test_compress_state_dtype(device):
-    w = decode_world(device)
-    raises("compress_forward", "kv_score_buffer", _compress_call(w, kv_score_buffer=w.state.half()))
-
-
-def test_compress_state_not_contiguous(device):
-    w = decode_world(device)
-    bad = torch.cat([w.state, w.state], dim=-1)[..., : w.state.shape[-1]]
-    raises("compress_forward", "kv_score_buffer", _compress_call(w, kv_score_buffer=bad))
-
-
-def test_compress_input_row_length(device):
-    w = decode_world(device)
-    raises("compress_forward", "kv_score_input", _compress_call(w, kv_score_input=w.kv_in[:, :-4].contiguous()))
-
-
-def test_compress_ape_shape(device):
-    w = decode_world(device)
-    raises("compress_forward", "ape", _compress_call(w, ape=w.ape[:4].contiguous()))
-
-
-def test_compress_plan_record_size(device):
-    w = decode_world(device)
-    raises("compress_forward", "plan", _compress_call(w, plan=torch.zeros((2, 8), dtype=torch.uint8, device=w.device)))
-
-
-def test_compress_out_shape(device):
-    w = decode_world(device)
-    raises("compress_forward", "out", _compress_call(w, out=torch.empty((3, w.head_dim), device=w.device)))
+# Argument checks of the raw ops live beside their kernels' tests (test_compress.py
+# test_argument_errors, test_store.py test_bad_arguments); here: the Python layer, the planners
+# and debug mode.
 
 
 def test_compress_ratio_mismatch_with_plan(device):
@@ -138,53 +96,6 @@ def test_compress_ratio_mismatch_with_plan(device):
                                                   w.seq_lens, 64, w.ring)
     raises("compress_forward", "compress_ratio",
            lambda: dsv4_ops.compress_forward(w.state, w.kv_in, w.ape, plan, head_dim=128, compress_ratio=128))
-
-
-def _store_call(w, fmt="fp8_indexer", **over):
-    plan = dsv4_ops.CompressorDecodePlan.generate(4, w.rid, w.req_to_token, w.full_to_state,
-                                                  w.seq_lens, 64, w.ring)
-    a = dict(kv=torch.randn((2, w.head_dim), device=w.device), plan=plan.plan_d,
-             norm_weight=w.norm_weight, freqs=freqs_real(w), out_loc=w.out_loc(2),
-             kvcache=w.kvcache(fmt), is_decode=True, compress_ratio=4, eps=1e-6,
-             page_size=w.cache_page_size, store_format=fmt)
-    a.update(over)
-    return lambda: ops.compress_norm_rope_store_op(**a)
-
-
-def test_store_page_size_not_power_of_two(device):
-    w = decode_world(device)
-    raises("compress_norm_rope_store", "page_size", _store_call(w, page_size=12))
-
-
-def test_store_cache_dtype(device):
-    w = decode_world(device)
-    raises("compress_norm_rope_store", "kvcache", _store_call(w, kvcache=torch.zeros((8, 132 * 16), device=w.device)))
-
-
-def test_store_cache_page_too_small(device):
-    w = decode_world(device)
-    raises("compress_norm_rope_store", "kvcache",
-           _store_call(w, kvcache=torch.zeros((8, 100), dtype=torch.uint8, device=w.device)))
-
-
-def test_store_freqs_shape(device):
-    w = decode_world(device)
-    raises("compress_norm_rope_store", "freqs", _store_call(w, freqs=freqs_real(w)[:, :32].contiguous()))
-
-
-def test_store_out_loc_dtype(device):
-    w = decode_world(device)
-    raises("compress_norm_rope_store", "out_loc", _store_call(w, out_loc=w.out_loc(2).float()))
-
-
-def test_store_kv_rows_differ_from_plan(device):
-    w = decode_world(device)
-    raises("compress_norm_rope_store", "kv", _store_call(w, kv=torch.randn((3, 128), device=w.device)))
-
-
-def test_store_unknown_format(device):
-    w = decode_world(device)
-    raises("compress_norm_rope_store", "store_format", _store_call(w, store_format="fp6"))
 
 
 def test_store_head_dim_without_format():
