@@ -1,6 +1,6 @@
 // compress_forward on the CPU (SPEC 3.4, 3.5): plain C++ over at::parallel_for, fp32 math,
-// built from the same per-item math as the GPU kernels (include/dsv4/compress_math.h) and in
-// the same grouping (cr = 128: 8 groups of 16 rows, chunks of 8, merged in group order).
+// built from the same per-item math as the GPU kernels (include/dsv4/compress_math.h); only
+// the summation grouping is the CPU's own (below).
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -11,6 +11,14 @@
 namespace dsv4 {
 namespace compress {
 namespace {
+
+// cr = 128 windows fold as kC128Groups groups of kC128GroupRows rows, each in chunks of kChunk
+// rows per softmax rescale, merged in group order (cr = 4: one group of 8 rows).
+constexpr int kChunk = 4;
+constexpr int kC128Groups = 8;
+constexpr int kC128GroupRows = 16;
+static_assert(kC128Groups * kC128GroupRows == 128, "groups tile the 128-row window");
+static_assert(kC128GroupRows % kChunk == 0 && 8 % kChunk == 0, "chunks tile a group");
 
 template <typename TS, typename TI>
 struct Ctx {

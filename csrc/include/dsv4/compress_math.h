@@ -4,7 +4,7 @@
 // row feeds window row r, which rows are absent, the chunked safe-softmax fold, the merge of
 // partial softmax states and the online running-state conversions. Only the fp32 summation
 // order differs between backends: the CPU folds cr = 128 windows as 8 groups of 16 rows in
-// chunks of kChunk; the GPU folds 4 rows per thread and merges 32 partial states (and uses the
+// chunks of 4 (compress_cpu.cpp); the GPU folds 4 rows per thread and merges 32 partial states (and uses the
 // hardware exponential), so the backends agree to fp32 rounding, not bit for bit.
 //
 // Decisions where the SPEC is silent (also in the family's report):
@@ -78,16 +78,6 @@ DSV4_HD float round_to(const uint16_t*, float v) { return round_to_bf16(v); }
 // ---- geometry ---------------------------------------------------------------------------------
 
 constexpr int kVec = 4;             // channels per GPU thread (16-byte fp32 / 8-byte bf16 loads)
-// Rows folded per softmax rescale (a tuning knob: more rows = more loads in flight per thread
-// but more registers).
-#ifndef DSV4_COMPRESS_CHUNK
-#define DSV4_COMPRESS_CHUNK 4
-#endif
-constexpr int kChunk = DSV4_COMPRESS_CHUNK;
-constexpr int kC128Groups = 8;      // cr = 128 CPU: row groups of one window (merged at the end)
-constexpr int kC128GroupRows = 16;  // rows per group
-static_assert(kC128Groups * kC128GroupRows == 128, "groups tile the 128-row window");
-static_assert(kC128GroupRows % kChunk == 0, "chunks tile a group");
 
 // Elements of one kv_score input / offline state row.
 DSV4_HD int64_t input_row_elems(int cr, int hd) { return cr == 4 ? 4 * int64_t(hd) : 2 * int64_t(hd); }

@@ -95,10 +95,6 @@ DSV4_DEVICE void store_u64(uint8_t* p, uint32_t lo, uint32_t hi, bool vec) {
   }
 }
 
-DSV4_DEVICE uint32_t pack4(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
-  return uint32_t(a) | (uint32_t(b) << 8) | (uint32_t(c) << 16) | (uint32_t(d) << 24);
-}
-
 // Max over the lanes that share bits >= log2(width) of the lane index (width 8 or 16 lanes
 // = 32 or 64 dims). Exact, so the reduction order does not matter.
 template <int kWidth>
