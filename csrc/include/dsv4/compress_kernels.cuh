@@ -66,12 +66,15 @@ static_assert(2 * kC128Lanes == kLaneGroup, "a lane group holds two row groups o
 
 // ---- 4-channel vector accesses ---------------------------------------------------------------
 
-DSV4_DEVICE void load4(const float* p, float (&v)[4]) {
-  const float4 t = *reinterpret_cast<const float4*>(p);
+DSV4_DEVICE void unpack_f32x4(const float4 t, float (&v)[4]) {
   v[0] = t.x;
   v[1] = t.y;
   v[2] = t.z;
   v[3] = t.w;
+}
+
+DSV4_DEVICE void load4(const float* p, float (&v)[4]) {
+  unpack_f32x4(*reinterpret_cast<const float4*>(p), v);
 }
 
 DSV4_DEVICE void unpack_bf16x4(const uint2 t, float (&v)[4]) {
@@ -131,11 +134,7 @@ DSV4_DEVICE void load4_stream(const float* p, float (&v)[4]) {
 #if defined(DSV4_HIP)
   load4(p, v);
 #else
-  const float4 t = __ldcs(reinterpret_cast<const float4*>(p));
-  v[0] = t.x;
-  v[1] = t.y;
-  v[2] = t.z;
-  v[3] = t.w;
+  unpack_f32x4(__ldcs(reinterpret_cast<const float4*>(p)), v);
 #endif
 }
 
