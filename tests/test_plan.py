@@ -512,10 +512,12 @@ def test_batch_limit(device):
         assert words(pc) == [INV_C] * 3 and words(pw) == [INV_C] * 3
 
 
-def test_large_batch_scan(device):
-    """Many requests (the device scan splits them over threads): same bytes as the oracle."""
-    rng = random.Random(11)
-    B = 3000
+@pytest.mark.parametrize("B", [63, 64, 1023, 1024, 3000])
+def test_large_batch_scan(device, B):
+    """Many requests (the device scan splits them over threads): same bytes as the oracle.
+    The sizes straddle the GPU glue's paths: offsets in the kernel parameters (host lengths,
+    B < 64), one fused kernel (device lengths, B < 1024), separate scan and emission."""
+    rng = random.Random(11 + B)
     rids = [rng.randrange(NUM_ROWS) for _ in range(B)]
     sls = [rng.randint(0, 300) for _ in range(B)]
     els = [rng.choice([0, 0, 1, 2, min(s, 9)]) if s else 0 for s in sls]

@@ -45,6 +45,7 @@ template <typename TS, typename TI>
 void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
                  SoftmaxState* scratch) {
   const int cr = c.p.cr, hd = c.p.hd;
+  const WindowRows w = resolve_rows(d, cr, c.p.num_state_rows, c.p.num_in_rows);
   const int groups = cr == 4 ? 1 : kC128Groups;
   const int group_rows = cr == 4 ? 8 : kC128GroupRows;
   for (int g = 0; g < groups; ++g) {
@@ -59,7 +60,7 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
       bool present[kChunk];
       for (int u = 0; u < kChunk; ++u) {
         const int r = r0 + u;
-        const RowSource s = row_source(d, cr, r, c.p.num_state_rows, c.p.num_in_rows);
+        const RowSource s = row_source(w, cr, r);
         kind[u] = s.kind;
         present[u] = s.kind != kAbsent;
         soff[u] = score_offset(cr, hd, r) - kv_offset(cr, hd, r);

@@ -13,47 +13,43 @@ namespace {
 
 inline unsigned grid_1d(int64_t n) { return static_cast<unsigned>(n); }
 
-template <typename TS, typename TI>
+// Every pass of one call (kHd: the pooling kernels' compile-time head_dim).
+template <typename TS, typename TI, int kHd>
 void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
                 const std::optional<at::Tensor>& plan_w, gpuStream_t stream, bool pdl) {
   const dim3 block(kBlock);
-  const dim3 c128_block(kC128Block);
-  const unsigned slices = unsigned(cs.hd / kC128Ch);
+  const Params p = pass_params(base, plan, true);
+  const dim3 c128_grid(grid_1d(p.num_records), unsigned(kHd / kC128Ch));
   if (cs.online) {
     if (cs.decode) {
-      const Params p = pass_params(base, plan, true);
-      const int64_t per_block = kBlock / (cs.hd / kVec);
+      const int64_t per_block = kBlock / (kHd / kVec);
       launch_kernel(online_decode_kernel<TS, TI>, dim3(grid_1d((p.num_records + per_block - 1) / per_block)),
                     block, 0, stream, pdl, p);
       DSV4_CHECK_LAUNCH();
     } else {
-      const Params pc = pass_params(base, plan, true);
-      launch_kernel(c128_kernel<TS, TI, kModeOnline>, dim3(grid_1d(pc.num_records), slices), c128_block,
-                    0, stream, pdl, pc);
+      launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>, c128_grid, dim3(kC128Block), 0, stream,
+                    pdl, p);
       DSV4_CHECK_LAUNCH();
       Params pw = pass_params(base, *plan_w, false);
       pw.online_store = 1;
-      launch_kernel(c128_kernel<TS, TI, kModeOnline>, dim3(grid_1d(pw.num_records), slices), c128_block,
-                    0, stream, pdl, pw);
+      launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>,
+                    dim3(grid_1d(pw.num_records), unsigned(kHd / kC128Ch)), dim3(kC128Block), 0,
+                    stream, pdl, pw);
       DSV4_CHECK_LAUNCH();
     }
     return;
   }
-  const Params p = pass_params(base, plan, true);
   if (cs.cr == 4) {
-    const int64_t per_block = kC4Block / (cs.hd / kVec);
+    const int64_t per_block = kC4Block / (kHd / kVec);
     const dim3 grid(grid_1d((p.num_records + per_block - 1) / per_block));
-    const dim3 c4_block(kC4Block);
     if (cs.decode)
-      launch_kernel(c4_kernel<TS, TI, true>, grid, c4_block, 0, stream, pdl, p);
+      launch_kernel(c4_kernel<TS, TI, true, kHd>, grid, dim3(kC4Block), 0, stream, pdl, p);
     else
-      launch_kernel(c4_kernel<TS, TI, false>, grid, c4_block, 0, stream, pdl, p);
+      launch_kernel(c4_kernel<TS, TI, false, kHd>, grid, dim3(kC4Block), 0, stream, pdl, p);
+  } else if (cs.decode) {
+    launch_kernel(c128_kernel<TS, TI, kModeDecode, kHd>, c128_grid, dim3(kC128Block), 0, stream, pdl, p);
   } else {
-    const dim3 grid(grid_1d(p.num_records), slices);
-    if (cs.decode)
-      launch_kernel(c128_kernel<TS, TI, kModeDecode>, grid, c128_block, 0, stream, pdl, p);
-    else
-      launch_kernel(c128_kernel<TS, TI, kModePrefill>, grid, c128_block, 0, stream, pdl, p);
+    launch_kernel(c128_kernel<TS, TI, kModePrefill, kHd>, c128_grid, dim3(kC128Block), 0, stream, pdl, p);
   }
   DSV4_CHECK_LAUNCH();
   if (!cs.decode) {
@@ -63,6 +59,15 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
     launch_kernel(write_rows_kernel<TS, TI>, dim3(grid_1d(blocks)), block, 0, stream, pdl, pw);
     DSV4_CHECK_LAUNCH();
   }
+}
+
+template <typename TS, typename TI>
+void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
+                const std::optional<at::Tensor>& plan_w, gpuStream_t stream, bool pdl) {
+  if (cs.hd == 512)
+    launch_all<TS, TI, 512>(cs, base, plan, plan_w, stream, pdl);
+  else
+    launch_all<TS, TI, 128>(cs, base, plan, plan_w, stream, pdl);
 }
 
 void compress_forward_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_score_input,

@@ -1,9 +1,11 @@
 // CUDA/HIP planners: glue around plan_kernels.cuh (math in plan_math.h, shared with the CPU).
 //
-// Prefill with host lengths: validate and scan on the host (counts stay on the host), copy the
-// per-request offsets to the device once (pinned, non-blocking), one emission kernel.
-// Prefill with device lengths: a one-block scan kernel + the emission kernel, no host sync
-// (CUDA-graph capturable); counts stay on the device.
+// Prefill with host lengths: validate and scan on the host (counts stay on the host), one
+// emission kernel; the per-request offsets go in its parameters (batch < 64, CUDA) or are
+// copied to the device once (pinned, non-blocking).
+// Prefill with device lengths: one kernel whose blocks each scan the lengths (<= 1023
+// requests), else a one-block scan kernel + the emission kernel; no host sync (CUDA-graph
+// capturable); counts stay on the device.
 #include <torch/library.h>
 
 #include <tuple>
@@ -54,34 +56,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
   const bool pdl = pdl_enabled(rpi);
   plan::PrefillOutputs o = plan::prefill_outputs(p, num_q_tokens, dev);
   const std::vector<int64_t> offs_shape = {B + 1, int64_t(sizeof(ReqOffsets) / sizeof(int32_t))};
-  at::Tensor offs = at::empty(offs_shape, rpi.options().dtype(at::kInt));
-  at::Tensor counts;
-  if (host_lengths) {
+  InlineOffsets inl{};
+  const ReqOffsets* offs = nullptr;  // nullptr: the kernel reads `inl`
+  at::Tensor offs_dev, counts = at::empty({2}, seq_lens.options().dtype(at::kInt));
+#if defined(DSV4_HIP)
+  const bool inline_offsets = false;  // HIP has no __grid_constant__: use the device buffer
+#else
+  const bool inline_offsets = host_lengths && B + 1 <= kInlineOffsets;
+#endif
+  if (inline_offsets) {
+    plan::host_request_offsets(op, p, seq_lens, extend_lens, num_q_tokens, inl.r);
+    counts.data_ptr<int32_t>()[0] = inl.r[B].c;
+    counts.data_ptr<int32_t>()[1] = inl.r[B].w;
+  } else if (host_lengths) {
     at::Tensor offs_host =
         at::empty(offs_shape, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
     ReqOffsets* h = reinterpret_cast<ReqOffsets*>(offs_host.data_ptr<int32_t>());
     plan::host_request_offsets(op, p, seq_lens, extend_lens, num_q_tokens, h);
-    counts = at::empty({2}, seq_lens.options().dtype(at::kInt));
     counts.data_ptr<int32_t>()[0] = h[B].c;
     counts.data_ptr<int32_t>()[1] = h[B].w;
-    offs.copy_(offs_host, /*non_blocking=*/true);
+    offs_dev = at::empty(offs_shape, rpi.options().dtype(at::kInt));
+    offs_dev.copy_(offs_host, /*non_blocking=*/true);
+    offs = reinterpret_cast<const ReqOffsets*>(offs_dev.data_ptr<int32_t>());
+  } else if (B <= kFusedBatch) {
+    const at::Tensor sl = seq_lens.contiguous();
+    const at::Tensor el = extend_lens.contiguous();
+    launch_kernel(plan_prefill_fused_kernel<kPlanBlock>,
+                  dim3(unsigned(blocks_for(num_q_tokens, kPlanBlock))), dim3(kPlanBlock), 0,
+                  stream, pdl, p, rpi.data_ptr<int64_t>(), sl.data_ptr<int64_t>(),
+                  el.data_ptr<int64_t>(), int32_t(B), num_q_tokens, counts.data_ptr<int32_t>(),
+                  o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());
+    DSV4_CHECK_LAUNCH();
+    return {o.plan_c, o.plan_w, counts};
   } else {
     const at::Tensor sl = seq_lens.contiguous();
     const at::Tensor el = extend_lens.contiguous();
-    counts = at::empty({2}, seq_lens.options().dtype(at::kInt));
+    offs_dev = at::empty(offs_shape, rpi.options().dtype(at::kInt));
     int64_t threads = ((B + 63) / 64) * 64;
     threads = threads < 64 ? 64 : (threads > kPlanScanBlock ? kPlanScanBlock : threads);
     launch_kernel(plan_prefill_scan_kernel<kPlanScanBlock>, dim3(1), dim3(unsigned(threads)), 0,
                   stream, pdl, p, sl.data_ptr<int64_t>(), el.data_ptr<int64_t>(), int32_t(B),
-                  num_q_tokens, reinterpret_cast<ReqOffsets*>(offs.data_ptr<int32_t>()),
+                  num_q_tokens, reinterpret_cast<ReqOffsets*>(offs_dev.data_ptr<int32_t>()),
                   counts.data_ptr<int32_t>());
     DSV4_CHECK_LAUNCH();
+    offs = reinterpret_cast<const ReqOffsets*>(offs_dev.data_ptr<int32_t>());
   }
   launch_kernel(plan_prefill_emit_kernel<kPlanBlock>,
                 dim3(unsigned(blocks_for(num_q_tokens, kPlanBlock))), dim3(kPlanBlock), 0, stream,
-                pdl, p, rpi.data_ptr<int64_t>(),
-                reinterpret_cast<const ReqOffsets*>(offs.data_ptr<int32_t>()), int32_t(B),
-                int32_t(num_q_tokens), o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());
+                pdl, p, rpi.data_ptr<int64_t>(), offs, inl, int32_t(B), int32_t(num_q_tokens),
+                o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());
   DSV4_CHECK_LAUNCH();
   return {o.plan_c, o.plan_w, counts};
 }

@@ -3,12 +3,15 @@
 
 namespace dsv4 {
 namespace compress {
+#define DSV4_POOL_INSTANCES(TS, TI, HD)                                           \
+  template __global__ void c4_kernel<TS, TI, false, HD>(const Params);           \
+  template __global__ void c4_kernel<TS, TI, true, HD>(const Params);            \
+  template __global__ void c128_kernel<TS, TI, kModePrefill, HD>(const Params);  \
+  template __global__ void c128_kernel<TS, TI, kModeDecode, HD>(const Params);   \
+  template __global__ void c128_kernel<TS, TI, kModeOnline, HD>(const Params);
 #define DSV4_COMPRESS_INSTANCES(TS, TI)                                           \
-  template __global__ void c4_kernel<TS, TI, false>(const Params);               \
-  template __global__ void c4_kernel<TS, TI, true>(const Params);                \
-  template __global__ void c128_kernel<TS, TI, kModePrefill>(const Params);      \
-  template __global__ void c128_kernel<TS, TI, kModeDecode>(const Params);       \
-  template __global__ void c128_kernel<TS, TI, kModeOnline>(const Params);       \
+  DSV4_POOL_INSTANCES(TS, TI, 128)                                                \
+  DSV4_POOL_INSTANCES(TS, TI, 512)                                                \
   template __global__ void online_decode_kernel<TS, TI>(const Params);           \
   template __global__ void write_rows_kernel<TS, TI>(const Params);
 DSV4_COMPRESS_INSTANCES(float, float)

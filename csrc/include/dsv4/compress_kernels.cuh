@@ -66,37 +66,56 @@ static_assert(2 * kC128Lanes == kLaneGroup, "a lane group holds two row groups o
 
 // ---- 4-channel vector accesses ---------------------------------------------------------------
 
-DSV4_DEVICE void unpack_f32x4(const float4 t, float (&v)[4]) {
+// Raw 4-channel vector of element type T as it sits in memory: float4 (fp32) / uint2 (bf16).
+template <typename T>
+struct Raw4;
+template <>
+struct Raw4<float> {
+  using type = float4;
+};
+template <>
+struct Raw4<uint16_t> {
+  using type = uint2;
+};
+
+DSV4_DEVICE void unpack4(const float4 t, float (&v)[4]) {
   v[0] = t.x;
   v[1] = t.y;
   v[2] = t.z;
   v[3] = t.w;
 }
 
-DSV4_DEVICE void load4(const float* p, float (&v)[4]) {
-  unpack_f32x4(*reinterpret_cast<const float4*>(p), v);
-}
-
-DSV4_DEVICE void unpack_bf16x4(const uint2 t, float (&v)[4]) {
+DSV4_DEVICE void unpack4(const uint2 t, float (&v)[4]) {
   v[0] = bf16_to_f32(uint16_t(t.x & 0xffffu));
   v[1] = bf16_to_f32(uint16_t(t.x >> 16));
   v[2] = bf16_to_f32(uint16_t(t.y & 0xffffu));
   v[3] = bf16_to_f32(uint16_t(t.y >> 16));
 }
 
-DSV4_DEVICE void load4(const uint16_t* p, float (&v)[4]) {
-  unpack_bf16x4(*reinterpret_cast<const uint2*>(p), v);
-}
-
-DSV4_DEVICE void store4(float* p, const float (&v)[4]) {
-  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-
-DSV4_DEVICE void store4(uint16_t* p, const float (&v)[4]) {
+// fp32 values as the raw vector of the element type of `tag` (bf16: RNE).
+DSV4_DEVICE float4 pack4(const float (&v)[4], const float*) { return make_float4(v[0], v[1], v[2], v[3]); }
+DSV4_DEVICE uint2 pack4(const float (&v)[4], const uint16_t*) {
   uint2 t;
   t.x = uint32_t(f32_to_bf16(v[0])) | (uint32_t(f32_to_bf16(v[1])) << 16);
   t.y = uint32_t(f32_to_bf16(v[2])) | (uint32_t(f32_to_bf16(v[3])) << 16);
-  *reinterpret_cast<uint2*>(p) = t;
+  return t;
+}
+
+template <typename T>
+DSV4_DEVICE void load4(const T* p, float (&v)[4]) {
+  unpack4(*reinterpret_cast<const typename Raw4<T>::type*>(p), v);
+}
+
+template <typename T>
+DSV4_DEVICE void store4(T* p, const float (&v)[4]) {
+  *reinterpret_cast<typename Raw4<T>::type*>(p) = pack4(v, p);
+}
+
+DSV4_DEVICE void unpack_f16x4(const uint2 t, float (&v)[4]) {
+  v[0] = f16_to_f32(uint16_t(t.x & 0xffffu));
+  v[1] = f16_to_f32(uint16_t(t.x >> 16));
+  v[2] = f16_to_f32(uint16_t(t.y & 0xffffu));
+  v[3] = f16_to_f32(uint16_t(t.y >> 16));
 }
 
 // ape[i .. i+3] of a runtime-typed [win, hd] table.
@@ -106,14 +125,10 @@ DSV4_DEVICE void load_ape4(const void* ape, int32_t type, int64_t i, float (&v)[
     return;
   }
   const uint2 t = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(ape) + i);
-  if (type == kApeBF16) {
-    unpack_bf16x4(t, v);
-  } else {
-    v[0] = f16_to_f32(uint16_t(t.x & 0xffffu));
-    v[1] = f16_to_f32(uint16_t(t.x >> 16));
-    v[2] = f16_to_f32(uint16_t(t.y & 0xffffu));
-    v[3] = f16_to_f32(uint16_t(t.y >> 16));
-  }
+  if (type == kApeBF16)
+    unpack4(t, v);
+  else
+    unpack_f16x4(t, v);
 }
 
 DSV4_DEVICE void store_out4(void* out, int32_t type, int64_t i, const float (&v)[4]) {
@@ -129,63 +144,120 @@ DSV4_DEVICE void round4(float (&v)[4]) {
   for (int j = 0; j < 4; ++j) v[j] = round_to(static_cast<const T*>(nullptr), v[j]);
 }
 
-// Window rows are read once per call: streaming (evict-first) loads on CUDA.
-DSV4_DEVICE void load4_stream(const float* p, float (&v)[4]) {
+// Window rows are read once per call: streaming (evict-first) loads on CUDA. `on` false:
+// no memory access, zeros. Written so that the compiler predicates the load instead of
+// branching around it: every row's loads of a thread then go out back to back, before any
+// value is used (a branch per row served one memory round trip per row on the H200).
+template <typename T>
+DSV4_DEVICE typename Raw4<T>::type load_raw_if(bool on, const T* p) {
+  using R = typename Raw4<T>::type;
+  R v{};
+  if (on) {
 #if defined(DSV4_HIP)
-  load4(p, v);
+    v = *reinterpret_cast<const R*>(p);
 #else
-  unpack_f32x4(__ldcs(reinterpret_cast<const float4*>(p)), v);
+    v = __ldcs(reinterpret_cast<const R*>(p));
 #endif
+  }
+  return v;
 }
 
-DSV4_DEVICE void load4_stream(const uint16_t* p, float (&v)[4]) {
-#if defined(DSV4_HIP)
-  load4(p, v);
-#else
-  unpack_bf16x4(__ldcs(reinterpret_cast<const uint2*>(p)), v);
-#endif
+// Rows u with on[u] of one source, unpacked into kv / z; the other rows get zeros (kKeep
+// false) or keep their values (kKeep true). The loads of a pass go out before any value is
+// used; kKeep (the second source of a mixed-dtype window, rare) runs in passes of 2 rows to
+// stay inside the register budget.
+template <bool kKeep, typename T, int U>
+DSV4_DEVICE void load_rows_from(const bool (&on)[U], const T* const (&p)[U], int64_t sc_off,
+                                float (&kv)[U][4], float (&z)[U][4]) {
+  constexpr int kPass = (kKeep && U > 2) ? 2 : U;
+#pragma unroll
+  for (int u0 = 0; u0 < U; u0 += kPass) {
+    typename Raw4<T>::type rk[kPass], rs[kPass];
+#pragma unroll
+    for (int u = 0; u < kPass; ++u) {
+      rk[u] = load_raw_if(on[u0 + u], p[u0 + u]);
+      rs[u] = load_raw_if(on[u0 + u], p[u0 + u] + sc_off);
+    }
+#pragma unroll
+    for (int u = 0; u < kPass; ++u) {
+      float k[4], sc[4];
+      unpack4(rk[u], k);
+      unpack4(rs[u], sc);
+      const bool keep = kKeep && !on[u0 + u];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        kv[u0 + u][j] = keep ? kv[u0 + u][j] : k[j];
+        z[u0 + u][j] = keep ? z[u0 + u][j] : sc[j];
+      }
+    }
+  }
 }
 
-// Window row loads: (kv, score) of one row at kv_off / sc_off from its source, issued
-// unconditionally (absent rows read `stand_in`, 16 valid bytes); absent rows come back as
-// kv = 0, score = -FLT_MAX, which softmax_of weighs 0.
-template <typename TS, typename TI>
-DSV4_DEVICE void load_window_row(const TS* st, const TI* in, int64_t st_row, int64_t in_row,
-                                 const RowSource& s, int64_t kv_off, int64_t sc_off,
-                                 const void* stand_in, float (&kv)[4], float (&sc)[4]) {
-  const bool from_state = s.kind == kFromState, from_input = s.kind == kFromInput;
+// U window rows of one thread, unpacked to fp32: row u is a state row at sp[u] (fs[u]), an
+// input row at ip[u] (fi[u]) or absent (kv 0; the caller marks its logit absent); the kv
+// values sit at the pointer, the scores sc_off elements further.
+//   TS == TI: one predicated load pair per row (a select picks the source).
+//   Mixed dtypes: the input rows, then the state rows behind a branch that a thread takes
+//   only if it has state rows (decode windows: state rows only, known from fi). Holding
+//   both raw sets at once spilled the cr = 128 kernel.
+template <typename TS, typename TI, int U>
+DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* const (&sp)[U],
+                           const TI* const (&ip)[U], int64_t sc_off, float (&kv)[U][4],
+                           float (&z)[U][4]) {
   if constexpr (std::is_same<TS, TI>::value) {
-    const TS* base = (from_state ? st : in) + s.index * (from_state ? st_row : in_row);
-    const bool on = from_state || from_input;
-    load4_stream(on ? base + kv_off : static_cast<const TS*>(stand_in), kv);
-    load4_stream(on ? base + sc_off : static_cast<const TS*>(stand_in), sc);
-  } else {
-    // Mixed dtypes: the input load stays unconditional (prefill rows are nearly all input
-    // rows); the state load is a branch of its own.
-    const TI* ib = in + s.index * in_row;
-    load4_stream(from_input ? ib + kv_off : static_cast<const TI*>(stand_in), kv);
-    load4_stream(from_input ? ib + sc_off : static_cast<const TI*>(stand_in), sc);
-    if (from_state) {
-      load4_stream(st + s.index * st_row + kv_off, kv);
-      load4_stream(st + s.index * st_row + sc_off, sc);
-    }
-  }
-  if (!(from_state || from_input)) {
+    bool on[U];
+    const TS* q[U];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      kv[j] = 0.0f;
-      sc[j] = -FLT_MAX;
+    for (int u = 0; u < U; ++u) {
+      on[u] = fs[u] || fi[u];
+      q[u] = fs[u] ? sp[u] : ip[u];
+    }
+    load_rows_from<false>(on, q, sc_off, kv, z);
+  } else {
+    bool any_s = false, any_i = false;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      any_s = any_s || fs[u];
+      any_i = any_i || fi[u];
+    }
+    if (!any_i) {
+      load_rows_from<false>(fs, sp, sc_off, kv, z);
+    } else {
+      load_rows_from<false>(fi, ip, sc_off, kv, z);
+      if (any_s) load_rows_from<true>(fs, sp, sc_off, kv, z);
     }
   }
 }
 
-// z <- score + ape[r]. An absent row's -FLT_MAX stays -FLT_MAX (ape is far smaller; the
-// clamp keeps a huge negative ape from making it -inf, which would give inf - inf later).
-DSV4_DEVICE void add_ape(const Params& p, int r, int c, float (&z)[4]) {
-  float a[4];
-  load_ape4(p.ape, p.ape_type, int64_t(r) * p.hd + c, a);
+// ape rows r0 .. r0+U-1 at channels c..c+3 of a runtime-typed [win, kHd] table (one uniform
+// branch for all rows, so that the loads go out together).
+template <int U, int kHd>
+DSV4_DEVICE void load_ape_rows(const void* ape, int32_t type, int r0, int c, float (&a)[U][4]) {
+  const int64_t i0 = int64_t(r0) * kHd + c;
+  if (type == kApeF32) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) z[j] = fmaxf(z[j] + a[j], -FLT_MAX);
+    for (int u = 0; u < U; ++u) load4(static_cast<const float*>(ape) + i0 + u * kHd, a[u]);
+    return;
+  }
+  uint2 t[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    t[u] = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(ape) + i0 + u * kHd);
+  if (type == kApeBF16) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) unpack4(t[u], a[u]);
+  } else {
+#pragma unroll
+    for (int u = 0; u < U; ++u) unpack_f16x4(t[u], a[u]);
+  }
+}
+
+// z <- score + ape for a present row (clamped: a huge negative ape must not make it -inf,
+// which would give inf - inf later); -FLT_MAX for an absent row (kv is 0 there), which
+// softmax_of weighs 0.
+DSV4_DEVICE void logits(bool present, const float (&a)[4], float (&z)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) z[j] = present ? fmaxf(z[j] + a[j], -FLT_MAX) : -FLT_MAX;
 }
 
 // Softmax states of U loaded rows, one per channel of the thread.
@@ -209,25 +281,24 @@ DSV4_DEVICE void fold_window(SoftmaxState (&acc)[4], const float (&z)[U][4], con
 // Decode (kDecode true): plan = DecodePlan rows; copy input row e into write_loc and pool the
 // window from the state, the just-written row entering as its state-dtype value (taken from
 // registers: the thread that copies channels c..c+3 of the row is the one that pools them).
-template <typename TS, typename TI, bool kDecode>
+// kHd (128 / 512) is a template parameter so that every row offset is a constant.
+template <typename TS, typename TI, bool kDecode, int kHd>
 __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
+  constexpr int kLanes = kHd / kVec;  // threads of one event: 32 (hd 128) / 128 (hd 512)
+  constexpr int64_t kRow = 4 * int64_t(kHd);  // input and state rows
+  static_assert(kC4Block % kLanes == 0, "events tile a block");
   pdl_wait();
-  const int hd = p.hd;
-  const int lanes = hd / kVec;  // threads of one event: 32 (hd 128) / 128 (hd 512)
   const int t = int(threadIdx.x);
-  const int64_t e = int64_t(blockIdx.x) * (kC4Block / lanes) + t / lanes;
-  const int c = (t % lanes) * kVec;
+  const int64_t e = int64_t(blockIdx.x) * (kC4Block / kLanes) + t / kLanes;
+  const int c = (t % kLanes) * kVec;
   const bool active = e < p.num_records;
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
-  const int64_t row = 4 * int64_t(hd);  // input and state rows
-  const uint8_t* stand_in = p.plan + (active ? e : 0) * 16;
 
   WindowDesc d{0, -1, -1, 0, 0, 0};
   int64_t wl = -1;
   bool copy = false;
-  float cp[4][4];  // decode: quarters 0..3 of input row e at c..c+3, state-rounded
   if (active) {
     if constexpr (kDecode) {
       const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
@@ -238,32 +309,60 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
       d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 4);
     }
   }
+  const WindowRows w = resolve_rows(d, 4, p.num_state_rows, p.num_in_rows);
+
+  // Decode: quarters 0..3 of input row e at c..c+3, state-rounded.
+  typename Raw4<TI>::type cpr[4];
+  if constexpr (kDecode) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) cpr[q] = load_raw_if(copy, in + e * kRow + q * kHd + c);
+  }
+
+  // Row r: input row in_base + r, or row r & 3 of page0 (r < 4) / page1.
+  const TI* in_r0 = in + (w.in_base * kRow + c);
+  const TS* st_pg0 = st + ((w.page0_ok ? w.page0 : 0) * 4 * kRow + c);
+  const TS* st_pg1 = st + ((w.page1_ok ? w.page1 : 0) * 4 * kRow + c);
+  bool fs[8], fi[8];
+  const TS* sp[8];
+  const TI* ip[8];
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const int64_t off = kv_offset(4, kHd, r);
+    fs[r] = row_from_state(w, 4, r);
+    fi[r] = !kDecode && row_from_input(w, r);  // decode windows are all state rows
+    sp[r] = (r < 4 ? st_pg0 : st_pg1) + (r & 3) * kRow + off;
+    ip[r] = in_r0 + r * kRow + off;
+  }
+  // Scores sit 2 * hd after their kv values in both halves (score_ovl / score, SPEC 1.1).
+  // ape rows: loaded before the window in decode, after it in prefill (where a mixed-dtype
+  // window's second source needs the registers); either way no instance spills (ptxas -v).
+  float a[8][4];
+  if constexpr (kDecode) load_ape_rows<8, kHd>(p.ape, p.ape_type, 0, c, a);
+  float z[8][4], kv[8][4];
+  load_rows(fs, fi, sp, ip, 2 * kHd, kv, z);
+  if constexpr (!kDecode) load_ape_rows<8, kHd>(p.ape, p.ape_type, 0, c, a);
+
+  float cp[4][4];
   if constexpr (kDecode) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      load4(copy ? in + e * row + q * int64_t(hd) + c : static_cast<const TI*>(
-                                                            static_cast<const void*>(stand_in)),
-            cp[q]);
+      unpack4(cpr[q], cp[q]);
       round4<TS>(cp[q]);
     }
   }
-
-  float z[8][4], kv[8][4];
+  // Slot offsets of the written row inside page0 / page1 (decode: pooled from registers).
+  const int64_t rw0 = wl - w.page0 * 4, rw1 = wl - w.page1 * 4;
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
-    const RowSource s = row_source(d, 4, r, p.num_state_rows, p.num_in_rows);
-    load_window_row(st, in, row, row, s, kv_offset(4, hd, r) + c, score_offset(4, hd, r) + c,
-                    stand_in, kv[r], z[r]);
-    if (kDecode && copy && s.kind == kFromState && s.index == wl) {
+    if (kDecode && copy && fs[r] && (r < 4 ? rw0 : rw1) == (r & 3)) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         kv[r][j] = cp[r < 4 ? 0 : 1][j];
         z[r][j] = cp[r < 4 ? 2 : 3][j];
       }
     }
+    logits(fs[r] || fi[r], a[r], z[r]);
   }
-#pragma unroll
-  for (int r = 0; r < 8; ++r) add_ape(p, r, c, z[r]);
   pdl_trigger();
   if (!active) return;
 
@@ -272,12 +371,12 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   float res[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) res[j] = softmax_value(acc[j]);
-  store_out4(p.out, p.out_type, e * hd + c, res);
+  store_out4(p.out, p.out_type, e * kHd + c, res);
 
   if constexpr (kDecode) {
     if (copy) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) store4(st + wl * row + q * int64_t(hd) + c, cp[q]);
+      for (int q = 0; q < 4; ++q) store4(st + wl * kRow + q * kHd + c, cp[q]);
     }
   }
 }
@@ -290,69 +389,104 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
 // kModeOnline: online segments (CompressPlan rows); merge with the stored state when the
 //   segment does not start its chunk; p.online_store == 0: out[e] = K, else store (M, S, K)
 //   at read_page_0 (p.out is null).
-template <typename TS, typename TI, int kMode>
+template <typename TS, typename TI, int kMode, int kHd>
 __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kernel(const Params p) {
   alignas(16) __shared__ float part[3][kC128Parts][kC128Ch];
+  constexpr int64_t kInRow = 2 * int64_t(kHd);
+  constexpr int64_t kStRow = kMode == kModeOnline ? 3 * int64_t(kHd) : kInRow;
 
   pdl_wait();
   const int64_t e = blockIdx.x;
   const int t = int(threadIdx.x);
   const int g = t / kC128Lanes;  // row group: window rows 4g .. 4g+3
   const int lane = t % kC128Lanes;
-  const int hd = p.hd;
   const int c0 = int(blockIdx.y) * kC128Ch;
   const int c = c0 + lane * kVec;
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
-  const int64_t in_row = 2 * int64_t(hd);
-  const int64_t st_row = kMode == kModeOnline ? 3 * int64_t(hd) : in_row;
-  const uint8_t* stand_in = p.plan + e * 16;
 
   WindowDesc d{};
   OnlineSegment seg{};
-  int64_t wl = -1;
-  bool copier = false;
-  float ckv[4], csc[4];  // decode: input row e at channels c..c+3 (kv, score), state-rounded
+  int64_t wl = -1, rw = -1;
+  bool copy = false;
   if constexpr (kMode == kModePrefill) {
     d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 128);
   } else if constexpr (kMode == kModeDecode) {
     const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
     d = offline_decode_window(rec, 128);
     wl = rec.write_loc;
-    const bool copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
+    copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
     // Window row of the written slot (-1: not in this window): its row group copies.
-    int64_t rw = -1;
     if (d.hi > 0 && d.page1 >= 0 && d.page1 < p.num_state_rows / 128) {
       const int64_t o = wl - d.page1 * 128;
       rw = (o >= 0 && o < 128) ? o : -1;
     }
-    copier = copy && g == (rw >= 0 ? int(rw) / kC128Rows : 0);
-    const TI* src = copier ? in + e * in_row + c : static_cast<const TI*>(static_cast<const void*>(stand_in));
-    load4(src, ckv);
-    load4(copier ? src + hd : src, csc);
-    round4<TS>(ckv);
-    round4<TS>(csc);
   } else {
     seg = online_segment(reinterpret_cast<const CompressPlan*>(p.plan)[e]);
     d = seg.win;
   }
+  const bool copier = kMode == kModeDecode && copy && g == (rw >= 0 ? int(rw) / kC128Rows : 0);
+  // Decode: input row e at channels c..c+3 (kv, score) as the state stores it.
+  typename Raw4<TI>::type ckr{}, csr{};
+  if constexpr (kMode == kModeDecode) {
+    ckr = load_raw_if(copier, in + e * kInRow + c);
+    csr = load_raw_if(copier, in + e * kInRow + kHd + c);
+  }
+  const WindowRows w = resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
+  // The copy's values held in the state's element type (fewer registers for a bf16 state).
+  const auto copy_row = [&](typename Raw4<TS>::type& ck, typename Raw4<TS>::type& cs) {
+    float v[4];
+    unpack4(ckr, v);
+    ck = pack4(v, st);
+    unpack4(csr, v);
+    cs = pack4(v, st);
+  };
+  const auto store_copy = [&](const typename Raw4<TS>::type& ck, const typename Raw4<TS>::type& cs) {
+    *reinterpret_cast<typename Raw4<TS>::type*>(st + wl * kStRow + c) = ck;
+    *reinterpret_cast<typename Raw4<TS>::type*>(st + wl * kStRow + kHd + c) = cs;
+  };
 
-  float z[kC128Rows][4], kv[kC128Rows][4];
+  if (kMode != kModeOnline && window_empty(w, 128)) {
+    // Nothing to pool (a decode step that closes no window): zeros, and the copy. Uniform
+    // across the block, so no thread is left waiting at the barrier below.
+    if (t < kC128Ch) store_out(p.out, p.out_type, e * kHd + c0 + t, 0.0f);
+    if (copier) {
+      typename Raw4<TS>::type ck, cs;
+      copy_row(ck, cs);
+      store_copy(ck, cs);
+    }
+    return;
+  }
+
+  float a[kC128Rows][4];
+  load_ape_rows<kC128Rows, kHd>(p.ape, p.ape_type, g * kC128Rows, c, a);
+  // Row r = 4g + u: input row in_base + r, or row r of page1.
+  const TI* in_g = in + ((w.in_base + g * kC128Rows) * kInRow + c);
+  const TS* st_g = st + (((w.page1_ok ? w.page1 : 0) * 128 + g * kC128Rows) * kStRow + c);
+  bool fs[kC128Rows], fi[kC128Rows];
+  const TS* sp[kC128Rows];
+  const TI* ip[kC128Rows];
 #pragma unroll
   for (int u = 0; u < kC128Rows; ++u) {
-    const RowSource s = row_source(d, 128, g * kC128Rows + u, p.num_state_rows, p.num_in_rows);
-    load_window_row(st, in, st_row, in_row, s, int64_t(c), int64_t(hd) + c, stand_in, kv[u], z[u]);
-    if (kMode == kModeDecode && copier && s.kind == kFromState && s.index == wl) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        kv[u][j] = ckv[j];
-        z[u][j] = csc[j];
-      }
-    }
+    fs[u] = row_from_state(w, 128, g * kC128Rows + u);
+    fi[u] = kMode != kModeDecode && row_from_input(w, g * kC128Rows + u);  // decode: all state
+    sp[u] = st_g + u * kStRow;
+    ip[u] = in_g + u * kInRow;
   }
+  float z[kC128Rows][4], kv[kC128Rows][4];
+  load_rows(fs, fi, sp, ip, kHd, kv, z);
+
+  typename Raw4<TS>::type ck{}, cs{};
+  if constexpr (kMode == kModeDecode) copy_row(ck, cs);
 #pragma unroll
-  for (int u = 0; u < kC128Rows; ++u) add_ape(p, g * kC128Rows + u, c, z[u]);
+  for (int u = 0; u < kC128Rows; ++u) {
+    if (kMode == kModeDecode && copier && fs[u] && g * kC128Rows + u == rw) {
+      unpack4(ck, kv[u]);
+      unpack4(cs, z[u]);
+    }
+    logits(fs[u] || fi[u], a[u], z[u]);
+  }
   pdl_trigger();
 
   SoftmaxState acc[4];
@@ -399,32 +533,27 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
       if (seg.merge) {
         SoftmaxState y = softmax_empty();
         if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
-          const TS* r = st + seg.read_slot * st_row;
-          y = from_online(load_as_f32(r, ch), load_as_f32(r, hd + ch),
-                          load_as_f32(r, 2 * int64_t(hd) + ch));
+          const TS* r = st + seg.read_slot * kStRow;
+          y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
+                          load_as_f32(r, 2 * int64_t(kHd) + ch));
         }
         softmax_merge(y, x);
         x = y;
       }
       if (!p.online_store) {
-        store_out(p.out, p.out_type, e * hd + ch, softmax_value(x));
+        store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
       } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
-        TS* r = st + seg.write_slot * st_row;
+        TS* r = st + seg.write_slot * kStRow;
         store_from_f32(r, ch, x.m);
-        store_from_f32(r, hd + ch, x.s);
-        store_from_f32(r, 2 * int64_t(hd) + ch, softmax_value(x));
+        store_from_f32(r, kHd + ch, x.s);
+        store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
       }
     } else {
-      store_out(p.out, p.out_type, e * hd + ch, softmax_value(x));
+      store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
     }
   }
 
-  if constexpr (kMode == kModeDecode) {
-    if (copier) {
-      store4(st + wl * st_row + c, ckv);
-      store4(st + wl * st_row + hd + c, csc);
-    }
-  }
+  if (kMode == kModeDecode && copier) store_copy(ck, cs);
 }
 
 // ---- online decode ----------------------------------------------------------------------------

@@ -45,8 +45,16 @@ namespace compress {
 enum ApeType : int32_t { kApeF32 = 0, kApeBF16 = 1, kApeF16 = 2 };
 enum OutType : int32_t { kOutF32 = 0, kOutBF16 = 1 };
 
-// IEEE binary16 bits -> fp32 (exact). Only ape may be fp16.
+// IEEE binary16 bits -> fp32 (exact). Only ape may be fp16. Device code uses the hardware
+// conversion (also exact); the host spells it out.
 DSV4_HD float f16_to_f32(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#elif defined(__HIP_DEVICE_COMPILE__)
+  return float(__builtin_bit_cast(_Float16, h));
+#else
   uint32_t sign = uint32_t(h & 0x8000u) << 16;
   uint32_t e = (h >> 10) & 0x1fu;
   uint32_t m = h & 0x3ffu;
@@ -56,6 +64,7 @@ DSV4_HD float f16_to_f32(uint16_t h) {
     return sign ? -v : v;
   }
   return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+#endif
 }
 
 DSV4_HD float load_ape(const void* ape, int32_t type, int64_t i) {
@@ -105,6 +114,59 @@ struct WindowDesc {
   int32_t lo, hi, bl;
 };
 
+// A window resolved against its buffers, once per window, so that the source of each row is
+// a few compares (the GPU kernels turn these into predicated loads with constant offsets):
+//   rows [in_lo, in_hi): ragged input row in_base + r, every one inside the input;
+//   rows [st_lo, st_hi): state, cr = 4: r < 4 row r of page0, r >= 4 row r-4 of page1;
+//                        cr = 128: row r of page1; present only if that page is in the buffer.
+// Every other row is absent (the two ranges never overlap).
+struct WindowRows {
+  int64_t in_base, page0, page1;
+  int32_t in_lo, in_hi, st_lo, st_hi;
+  bool page0_ok, page1_ok;
+};
+
+DSV4_HD int64_t clamp_rows(int64_t v, int32_t win) { return v < 0 ? 0 : (v > win ? win : v); }
+
+DSV4_HD WindowRows resolve_rows(const WindowDesc& d, int cr, int64_t num_state_rows,
+                                int64_t num_in_rows) {
+  const int32_t win = cr == 4 ? 8 : 128;
+  WindowRows w;
+  w.in_base = d.in_base;
+  w.page0 = d.page0;
+  w.page1 = d.page1;
+  const int64_t pages = num_state_rows / cr;
+  w.page0_ok = d.page0 >= 0 && d.page0 < pages;
+  w.page1_ok = d.page1 >= 0 && d.page1 < pages;
+  w.st_lo = d.lo;
+  w.st_hi = d.hi < d.bl ? d.hi : d.bl;
+  // Input rows: max(lo, bl) <= r < hi and 0 <= in_base + r < num_in_rows.
+  int64_t lo = d.lo > d.bl ? d.lo : d.bl, hi = d.hi;
+  if (lo < -d.in_base) lo = -d.in_base;
+  if (hi > num_in_rows - d.in_base) hi = num_in_rows - d.in_base;
+  w.in_lo = int32_t(clamp_rows(lo, win));
+  w.in_hi = int32_t(clamp_rows(hi > lo ? hi : lo, win));
+  return w;
+}
+
+DSV4_HD bool row_from_input(const WindowRows& w, int r) { return r >= w.in_lo && r < w.in_hi; }
+
+DSV4_HD bool row_from_state(const WindowRows& w, int cr, int r) {
+  return r >= w.st_lo && r < w.st_hi && ((cr == 4 && r < 4) ? w.page0_ok : w.page1_ok);
+}
+
+// Flat state row of window row r (meaningful where row_from_state).
+DSV4_HD int64_t state_row_of(const WindowRows& w, int cr, int r) {
+  return cr == 4 ? (r < 4 ? w.page0 : w.page1) * 4 + (r & 3) : w.page1 * 128 + r;
+}
+
+// True if no row of the window is present (it pools to 0).
+DSV4_HD bool window_empty(const WindowRows& w, int cr) {
+  const bool st = w.st_lo < w.st_hi &&
+                  (cr == 4 ? ((w.st_lo < 4 && w.page0_ok) || (w.st_hi > 4 && w.page1_ok)) : w.page1_ok);
+  return w.in_lo >= w.in_hi && !st;
+}
+
 // Source of one window row: kind 0 absent, 1 state (index = flat state row), 2 input row.
 struct RowSource {
   int32_t kind;
@@ -113,23 +175,10 @@ struct RowSource {
 
 enum : int32_t { kAbsent = 0, kFromState = 1, kFromInput = 2 };
 
-DSV4_HD RowSource row_source(const WindowDesc& d, int cr, int r, int64_t num_state_rows,
-                             int64_t num_in_rows) {
-  RowSource s{kAbsent, -1};
-  if (r < d.lo || r >= d.hi) return s;
-  if (r < d.bl) {
-    int64_t page = cr == 4 ? (r < 4 ? d.page0 : d.page1) : d.page1;
-    int64_t num_pages = num_state_rows / cr;
-    if (page < 0 || page >= num_pages) return s;
-    s.kind = kFromState;
-    s.index = page * cr + (cr == 4 ? (r & 3) : r);
-  } else {
-    int64_t row = d.in_base + r;
-    if (row < 0 || row >= num_in_rows) return s;
-    s.kind = kFromInput;
-    s.index = row;
-  }
-  return s;
+DSV4_HD RowSource row_source(const WindowRows& w, int cr, int r) {
+  if (row_from_input(w, r)) return RowSource{kFromInput, w.in_base + r};
+  if (row_from_state(w, cr, r)) return RowSource{kFromState, state_row_of(w, cr, r)};
+  return RowSource{kAbsent, -1};
 }
 
 DSV4_HD int window_len(int cr) { return cr == 4 ? 8 : 128; }

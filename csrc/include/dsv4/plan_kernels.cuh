@@ -6,6 +6,7 @@
 //                                     lengths (no host sync; CUDA-graph capturable)
 //   plan_prefill_emit_kernel<kBlock>  one thread per plan row: records of ragged token t and
 //                                     the invalid padding of row t
+//   plan_prefill_fused_kernel<kBlock> both at once for device lengths of <= 1023 requests
 //
 // Explicit instantiations used by the glue: DSV4_PLAN_INSTANTIATE_KERNELS() below.
 #pragma once
@@ -54,15 +55,14 @@ DSV4_DEVICE int64_t block_exclusive_scan(int64_t v, int64_t* sh, int64_t& total)
 // Same result as build_request_offsets() (plan_math.h), computed by one block: each thread
 // owns a contiguous chunk of requests; two block scans (ragged offsets, then the record counts
 // packed as c + (w << 32), both <= 65536). Writes offs[0..batch] and counts[2].
+// Per-request offsets of a device-lengths batch into offs[0 .. batch] (global or shared
+// memory), by the threads of one block; counts (if not null) gets the totals. kMax: the
+// largest block size.
 template <int kMax>
-__global__ void __launch_bounds__(kMax)
-    plan_prefill_scan_kernel(PlanParams p, const int64_t* __restrict__ seq_lens,
-                             const int64_t* __restrict__ extend_lens, int32_t batch,
-                             int64_t num_q_tokens, ReqOffsets* __restrict__ offs,
-                             int32_t* __restrict__ counts) {
-  __shared__ int64_t sh[kMax];
-  pdl_wait();
-  pdl_trigger();
+DSV4_DEVICE void scan_request_offsets(const PlanParams& p, const int64_t* __restrict__ seq_lens,
+                                      const int64_t* __restrict__ extend_lens, int32_t batch,
+                                      int64_t num_q_tokens, ReqOffsets* offs, int64_t* sh,
+                                      int32_t* counts) {
   const int nthreads = blockDim.x;
   const int32_t chunk = (batch + nthreads - 1) / nthreads;
   const int32_t begin = min(batch, int32_t(threadIdx.x) * chunk);
@@ -104,22 +104,76 @@ __global__ void __launch_bounds__(kMax)
     const int32_t total_c = int32_t(all_packed & 0xffffffffll);
     const int32_t total_w = int32_t(all_packed >> 32);
     offs[batch] = ReqOffsets{int32_t(min64(all_tokens, num_q_tokens)), total_c, total_w, 0};
-    counts[0] = total_c;
-    counts[1] = total_w;
+    if (counts != nullptr) {
+      counts[0] = total_c;
+      counts[1] = total_w;
+    }
   }
 }
 
+template <int kMax>
+__global__ void __launch_bounds__(kMax)
+    plan_prefill_scan_kernel(PlanParams p, const int64_t* __restrict__ seq_lens,
+                             const int64_t* __restrict__ extend_lens, int32_t batch,
+                             int64_t num_q_tokens, ReqOffsets* __restrict__ offs,
+                             int32_t* __restrict__ counts) {
+  __shared__ int64_t sh[kMax];
+  pdl_wait();
+  pdl_trigger();
+  scan_request_offsets<kMax>(p, seq_lens, extend_lens, batch, num_q_tokens, offs, sh, counts);
+}
+
+// Device-lengths prefill of a batch of at most kFusedBatch requests in one kernel: every
+// block scans the lengths into shared memory itself (a few KiB of reads), then emits its rows;
+// block 0 writes the counts. Saves the scan kernel and the round trip of the offsets.
+constexpr int kFusedBatch = 1023;
+
+template <int kBlock>
+__global__ void __launch_bounds__(kBlock)
+    plan_prefill_fused_kernel(PlanParams p, const int64_t* __restrict__ req_pool_indices,
+                              const int64_t* __restrict__ seq_lens,
+                              const int64_t* __restrict__ extend_lens, int32_t batch,
+                              int64_t num_q_tokens, int32_t* __restrict__ counts,
+                              uint8_t* __restrict__ plan_c, uint8_t* __restrict__ plan_w) {
+  __shared__ ReqOffsets offs[kFusedBatch + 1];
+  __shared__ int64_t sh[kBlock];
+  pdl_wait();
+  pdl_trigger();
+  scan_request_offsets<kBlock>(p, seq_lens, extend_lens, batch, num_q_tokens, offs, sh,
+                               blockIdx.x == 0 ? counts : nullptr);
+  __syncthreads();
+  const int64_t t = int64_t(blockIdx.x) * kBlock + threadIdx.x;
+  if (t >= num_q_tokens) return;
+  plan_prefill_row(p, req_pool_indices, offs, batch, t, plan_c, plan_w);
+}
+
+// Host-lengths prefill of a small batch: the per-request offsets travel inside the emission
+// kernel's parameters (CUDA: a __grid_constant__ parameter, read in place), which saves the
+// pinned staging buffer, the device buffer and the host-to-device copy.
+constexpr int kInlineOffsets = 64;  // batch + 1 entries, 1 KiB of parameters
+struct InlineOffsets {
+  ReqOffsets r[kInlineOffsets];
+};
+
+#if defined(DSV4_HIP)
+#define DSV4_GRID_CONSTANT
+#else
+#define DSV4_GRID_CONSTANT __grid_constant__
+#endif
+
+// offs: the device offsets, or nullptr to read `inl` (CUDA only; see plan_cuda.cu).
 template <int kBlock>
 __global__ void __launch_bounds__(kBlock)
     plan_prefill_emit_kernel(PlanParams p, const int64_t* __restrict__ req_pool_indices,
-                             const ReqOffsets* __restrict__ offs, int32_t batch,
+                             const ReqOffsets* __restrict__ offs,
+                             const DSV4_GRID_CONSTANT InlineOffsets inl, int32_t batch,
                              int32_t num_rows, uint8_t* __restrict__ plan_c,
                              uint8_t* __restrict__ plan_w) {
   pdl_wait();
   pdl_trigger();
   const int64_t t = int64_t(blockIdx.x) * kBlock + threadIdx.x;
   if (t >= num_rows) return;
-  plan_prefill_row(p, req_pool_indices, offs, batch, t, plan_c, plan_w);
+  plan_prefill_row(p, req_pool_indices, offs != nullptr ? offs : inl.r, batch, t, plan_c, plan_w);
 }
 
 }  // namespace dsv4
@@ -132,8 +186,12 @@ __global__ void __launch_bounds__(kBlock)
   template __global__ void dsv4::plan_prefill_scan_kernel<dsv4::kPlanScanBlock>(               \
       dsv4::PlanParams, const int64_t*, const int64_t*, int32_t, int64_t, dsv4::ReqOffsets*,   \
       int32_t*);                                                                               \
+  template __global__ void dsv4::plan_prefill_fused_kernel<dsv4::kPlanBlock>(                  \
+      dsv4::PlanParams, const int64_t*, const int64_t*, const int64_t*, int32_t, int64_t,      \
+      int32_t*, uint8_t*, uint8_t*);                                                           \
   template __global__ void dsv4::plan_prefill_emit_kernel<dsv4::kPlanBlock>(                   \
-      dsv4::PlanParams, const int64_t*, const dsv4::ReqOffsets*, int32_t, int32_t, uint8_t*,  \
-      uint8_t*);
+      dsv4::PlanParams, const int64_t*, const dsv4::ReqOffsets*,                               \
+      const DSV4_GRID_CONSTANT dsv4::InlineOffsets,                                           \
+      int32_t, int32_t, uint8_t*, uint8_t*);
 
 #endif  // DSV4_GPU_COMPILER
