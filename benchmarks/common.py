@@ -348,7 +348,8 @@ def measure(ctx: Context, case: str, op: str, fn: Callable[[], Any], nbytes: Opt
     if cold:
         c = ctx.timer.cold(fn, reps, ctx.warmup)
     if wall:
-        w = ctx.timer.wall(fn, max(3, reps // 2), ctx.warmup)
+        # Host wall clocks are noisy (tens of microseconds per call): at least 30 samples.
+        w = ctx.timer.wall(fn, max(30, reps), ctx.warmup)
     if graph and ctx.is_cuda and not ctx.no_graph:
         try:
             g = ctx.timer.graph(fn, 3 if big else 20, ctx.graph_replays)

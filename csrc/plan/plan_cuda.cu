@@ -81,8 +81,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
   } else if (B <= kFusedBatch) {
     const at::Tensor sl = seq_lens.contiguous();
     const at::Tensor el = extend_lens.contiguous();
+    // At least one block, even without plan rows: block 0 writes the counts.
     launch_kernel(plan_prefill_fused_kernel<kPlanBlock>,
-                  dim3(unsigned(blocks_for(num_q_tokens, kPlanBlock))), dim3(kPlanBlock), 0,
+                  dim3(unsigned(std::max<int64_t>(1, blocks_for(num_q_tokens, kPlanBlock)))),
+                  dim3(kPlanBlock), 0,
                   stream, pdl, p, rpi.data_ptr<int64_t>(), sl.data_ptr<int64_t>(),
                   el.data_ptr<int64_t>(), int32_t(B), num_q_tokens, counts.data_ptr<int32_t>(),
                   o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());

@@ -334,13 +334,10 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
     ip[r] = in_r0 + r * kRow + off;
   }
   // Scores sit 2 * hd after their kv values in both halves (score_ovl / score, SPEC 1.1).
-  // ape rows: loaded before the window in decode, after it in prefill (where a mixed-dtype
-  // window's second source needs the registers); either way no instance spills (ptxas -v).
-  float a[8][4];
-  if constexpr (kDecode) load_ape_rows<8, kHd>(p.ape, p.ape_type, 0, c, a);
   float z[8][4], kv[8][4];
   load_rows(fs, fi, sp, ip, 2 * kHd, kv, z);
-  if constexpr (!kDecode) load_ape_rows<8, kHd>(p.ape, p.ape_type, 0, c, a);
+  float a[8][4];
+  load_ape_rows<8, kHd>(p.ape, p.ape_type, 0, c, a);
 
   float cp[4][4];
   if constexpr (kDecode) {
@@ -408,7 +405,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
 
   WindowDesc d{};
   OnlineSegment seg{};
-  int64_t wl = -1, rw = -1;
+  int64_t wl = -1;
+  int32_t rw = -1;
   bool copy = false;
   if constexpr (kMode == kModePrefill) {
     d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 128);
@@ -420,13 +418,13 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     // Window row of the written slot (-1: not in this window): its row group copies.
     if (d.hi > 0 && d.page1 >= 0 && d.page1 < p.num_state_rows / 128) {
       const int64_t o = wl - d.page1 * 128;
-      rw = (o >= 0 && o < 128) ? o : -1;
+      rw = (o >= 0 && o < 128) ? int32_t(o) : -1;
     }
   } else {
     seg = online_segment(reinterpret_cast<const CompressPlan*>(p.plan)[e]);
     d = seg.win;
   }
-  const bool copier = kMode == kModeDecode && copy && g == (rw >= 0 ? int(rw) / kC128Rows : 0);
+  const bool copier = kMode == kModeDecode && copy && g == (rw >= 0 ? rw / kC128Rows : 0);
   // Decode: input row e at channels c..c+3 (kv, score) as the state stores it.
   typename Raw4<TI>::type ckr{}, csr{};
   if constexpr (kMode == kModeDecode) {
@@ -459,8 +457,6 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     return;
   }
 
-  float a[kC128Rows][4];
-  load_ape_rows<kC128Rows, kHd>(p.ape, p.ape_type, g * kC128Rows, c, a);
   // Row r = 4g + u: input row in_base + r, or row r of page1.
   const TI* in_g = in + ((w.in_base + g * kC128Rows) * kInRow + c);
   const TS* st_g = st + (((w.page1_ok ? w.page1 : 0) * 128 + g * kC128Rows) * kStRow + c);
@@ -476,6 +472,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   }
   float z[kC128Rows][4], kv[kC128Rows][4];
   load_rows(fs, fi, sp, ip, kHd, kv, z);
+  float a[kC128Rows][4];
+  load_ape_rows<kC128Rows, kHd>(p.ape, p.ape_type, g * kC128Rows, c, a);
 
   typename Raw4<TS>::type ck{}, cs{};
   if constexpr (kMode == kModeDecode) copy_row(ck, cs);

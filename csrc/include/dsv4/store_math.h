@@ -72,7 +72,8 @@ DSV4_HD bool store_row_target(uint32_t seq_len, int32_t word1, bool is_decode, i
                               int64_t* pos) {
   int64_t idx;
   if (is_decode) {
-    if (seq_len % uint32_t(compress_ratio) != 0u || word1 < 0) return false;
+    // compress_ratio is 4 or 128 (checked by the op): a mask, not a division.
+    if ((seq_len & uint32_t(compress_ratio - 1)) != 0u || word1 < 0) return false;
     idx = t;
   } else {
     if (seq_len == kInvalidSeqLen) return false;
