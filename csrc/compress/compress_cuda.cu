@@ -54,9 +54,13 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
   DSV4_CHECK_LAUNCH();
   if (!cs.decode) {
     // Writes strictly after every compress read of this call (stream order / PDL wait).
-    const Params pw = pass_params(base, *plan_w, false);
+    Params pw = pass_params(base, *plan_w, false);
+    pw.after_pool = p.num_records > 0 ? 1 : 0;  // the pooling kernel was launched just before
     const int64_t blocks = std::min<int64_t>((pw.num_records + kWriteGroups - 1) / kWriteGroups, 2048);
-    launch_kernel(write_rows_kernel<TS, TI>, dim3(grid_1d(blocks)), block, 0, stream, pdl, pw);
+    if (cs.cr == 4)
+      launch_kernel(write_rows_kernel<TS, TI, 4 * kHd>, dim3(grid_1d(blocks)), block, 0, stream, pdl, pw);
+    else
+      launch_kernel(write_rows_kernel<TS, TI, 2 * kHd>, dim3(grid_1d(blocks)), block, 0, stream, pdl, pw);
     DSV4_CHECK_LAUNCH();
   }
 }

@@ -8,12 +8,13 @@ namespace compress {
   template __global__ void c4_kernel<TS, TI, true, HD>(const Params);            \
   template __global__ void c128_kernel<TS, TI, kModePrefill, HD>(const Params);  \
   template __global__ void c128_kernel<TS, TI, kModeDecode, HD>(const Params);   \
-  template __global__ void c128_kernel<TS, TI, kModeOnline, HD>(const Params);
+  template __global__ void c128_kernel<TS, TI, kModeOnline, HD>(const Params);   \
+  template __global__ void write_rows_kernel<TS, TI, 2 * HD>(const Params);      \
+  template __global__ void write_rows_kernel<TS, TI, 4 * HD>(const Params);
 #define DSV4_COMPRESS_INSTANCES(TS, TI)                                           \
   DSV4_POOL_INSTANCES(TS, TI, 128)                                                \
   DSV4_POOL_INSTANCES(TS, TI, 512)                                                \
-  template __global__ void online_decode_kernel<TS, TI>(const Params);           \
-  template __global__ void write_rows_kernel<TS, TI>(const Params);
+  template __global__ void online_decode_kernel<TS, TI>(const Params);
 DSV4_COMPRESS_INSTANCES(float, float)
 DSV4_COMPRESS_INSTANCES(float, uint16_t)
 DSV4_COMPRESS_INSTANCES(uint16_t, float)

@@ -17,8 +17,9 @@
 //     shuffle, then across the 16 lane groups in shared memory (max first, then the sums).
 //     Modes: offline prefill, offline decode, online prefill (segments).
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
-//   * write_rows_kernel<TS, TI>: offline prefill plan_w (copy input rows into state slots);
-//     launched after the compress kernel so that every compress read precedes every write.
+//   * write_rows_kernel<TS, TI, kRow>: offline prefill plan_w (copy input rows into state
+//     slots); launched after the compress kernel so that every compress read precedes every
+//     write.
 // TS / TI: state / input element type, float or uint16_t (bf16 bits). ape (fp32 / bf16 /
 // fp16) and out (fp32 / bf16) are runtime types: a uniform branch on a kernel argument.
 //
@@ -628,34 +629,40 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
 // ---- offline prefill writes -------------------------------------------------------------------
 
 // Copy input row ragged_id into state slot write_loc for every valid WritePlan record (input
-// and state rows have the same width). One 32-lane group per record (grid-stride): a group
-// reads its record once and skips an invalid one as a whole, so the planners' padding of
-// num_q_tokens mostly-invalid records costs one load per group, not one per row element.
+// and state rows have the same width, kRow elements). One 32-lane group per record (grid-
+// stride): a group reads its record once and skips an invalid one as a whole, so the planners'
+// padding of num_q_tokens mostly-invalid records costs one load per group; a lane holds all
+// its kRow / 32 elements of the row at once (one memory round trip per record).
+// p.after_pool: this launch directly follows the pooling kernel of the same call, whose every
+// block waits for the work before it (pdl_wait) before it lets this kernel start. plan_w and
+// the input rows are then complete already and are read before this kernel's own pdl_wait;
+// only the state writes wait for the pooling kernel's reads. Without a pooling launch before
+// it (no compress record), everything waits.
 constexpr int kWriteGroups = kBlock / kLaneGroup;  // records in flight per block
 
-template <typename TS, typename TI>
+template <typename TS, typename TI, int kRow>
 __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p) {
-  pdl_wait();
+  constexpr int kPerLane = kRow / (kLaneGroup * kVec);
+  static_assert(kPerLane * kLaneGroup * kVec == kRow, "row vectors tile the lane group");
+  if (!p.after_pool) pdl_wait();
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
-  const int64_t row = input_row_elems(p.cr, p.hd);
   const auto* plan = reinterpret_cast<const WritePlan*>(p.plan);
   const int lane = int(threadIdx.x) % kLaneGroup;
   const int64_t stride = int64_t(gridDim.x) * kWriteGroups;
   for (int64_t k = int64_t(blockIdx.x) * kWriteGroups + threadIdx.x / kLaneGroup;
        k < p.num_records; k += stride) {
     const WritePlan w = plan[k];
-    if (!is_valid(w)) continue;
     const int64_t src = int64_t(w.ragged_id), dst = w.write_loc;
-    if (src >= p.num_in_rows || dst < 0 || dst >= p.num_state_rows) continue;
-    const TI* from = in + src * row;
-    TS* to = st + dst * row;
-#pragma unroll 4
-    for (int64_t v = lane * kVec; v < row; v += kLaneGroup * kVec) {
-      float x[4];
-      load4(from + v, x);
-      store4(to + v, x);
-    }
+    if (!is_valid(w) || src >= p.num_in_rows || dst < 0 || dst >= p.num_state_rows) continue;
+    const TI* from = in + src * kRow + lane * kVec;
+    TS* to = st + dst * kRow + lane * kVec;
+    float x[kPerLane][4];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) load4(from + i * kLaneGroup * kVec, x[i]);
+    pdl_wait();  // returns at once after the first time
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) store4(to + i * kLaneGroup * kVec, x[i]);
   }
   pdl_trigger();
 }

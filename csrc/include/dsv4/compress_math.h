@@ -352,6 +352,7 @@ struct Params {
   int32_t ape_type;
   int32_t out_type;
   int32_t online_store;  // online prefill pass over plan_w: store (M, S, K), no output
+  int32_t after_pool;    // row writes launched right after this call's pooling kernel (GPU)
 };
 
 }  // namespace compress

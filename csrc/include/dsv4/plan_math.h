@@ -104,6 +104,16 @@ inline PlanParams online_plan_params(int64_t state_slot_offset) {
 DSV4_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 DSV4_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// a / b and a % b for b > 0. Positions, slots, rings and page sizes of real batches fit 32
+// bits, where a GPU divides in a few instructions (64-bit division is a long subroutine, and
+// the decode planner did several per record); anything else takes the 64-bit form.
+DSV4_HD int64_t div_nn(int64_t a, int64_t b) {
+  return ((uint64_t(a) | uint64_t(b)) >> 32) == 0 ? int64_t(uint32_t(a) / uint32_t(b)) : a / b;
+}
+DSV4_HD int64_t mod_nn(int64_t a, int64_t b) {
+  return ((uint64_t(a) | uint64_t(b)) >> 32) == 0 ? int64_t(uint32_t(a) % uint32_t(b)) : a % b;
+}
+
 DSV4_HD int32_t slot32(int64_t s) { return (s < 0 || s > kMaxInt32) ? -1 : int32_t(s); }
 
 // State slot of (request row rid, position pos) (SPEC 2.1), or -1 when any lookup is out of
@@ -119,11 +129,11 @@ DSV4_HD int32_t slot_of(const PlanParams& p, int64_t rid, int64_t pos) {
       if (full < 0 || full >= p.f2s_size) return -1;
       const int64_t swa = p.full_to_state[full];
       if (swa < 0) return -1;
-      return slot32((swa / p.sps) * p.ring + swa % p.ring);
+      return slot32(div_nn(swa, p.sps) * p.ring + mod_nn(swa, p.ring));
     }
     default:  // kReqRing, kLegacy (ring = window)
       if (pos < 0) return -1;
-      return slot32(rid * p.ring + pos % p.ring);
+      return slot32(rid * p.ring + mod_nn(pos, p.ring));
   }
 }
 
@@ -156,23 +166,23 @@ DSV4_HD void sanitize_lengths(int64_t& sl, int64_t& el) {
 
 // Compress events (online: chunk-closing segments) at positions in [prefix, pos), pos >= prefix.
 DSV4_HD int64_t compresses_before(const PlanParams& p, int64_t prefix, int64_t pos) {
-  return pos / p.cr - prefix / p.cr;
+  return div_nn(pos, p.cr) - div_nn(prefix, p.cr);
 }
 
 // first_w of SPEC 3.3 (may be negative).
 DSV4_HD int64_t first_write(const PlanParams& p, int64_t sl) {
-  const int64_t last_c = (sl / p.cr) * p.cr;
+  const int64_t last_c = div_nn(sl, p.cr) * p.cr;
   return min64(last_c - (p.cr == 4 ? 4 : 0), sl - p.pad);
 }
 
 // Positions q in [0, n) with q % sps >= sps - 4 (sps >= 4 whenever the band rule applies).
 DSV4_HD int64_t band_upto(const PlanParams& p, int64_t n) {
   if (n <= 0) return 0;
-  return (n / p.sps) * 4 + max64(0, n % p.sps - (p.sps - 4));
+  return div_nn(n, p.sps) * 4 + max64(0, mod_nn(n, p.sps) - (p.sps - 4));
 }
 
 DSV4_HD bool emits_write(const PlanParams& p, int64_t first_w, int64_t pos) {
-  return pos >= first_w || (p.band && pos % p.sps >= p.sps - 4);
+  return pos >= first_w || (p.band && mod_nn(pos, p.sps) >= p.sps - 4);
 }
 
 // Offline write events at positions in [prefix, pos), prefix <= pos <= sl.
@@ -294,7 +304,7 @@ DSV4_HD void plan_prefill_row(const PlanParams& p, const int64_t* req_pool_indic
     const int64_t j = t - r.tok;
     const int64_t pos = prefix + j;
     const int64_t rid = req_pool_indices[i];
-    if ((pos + 1) % p.cr == 0) {
+    if (mod_nn(pos + 1, p.cr) == 0) {
       const int64_t k = r.c + compresses_before(p, prefix, pos);
       if (k >= 0 && k < total.c) {
         pc[k] = p.online ? online_segment_record(p, rid, max64(prefix, pos + 1 - 128), pos + 1, t)

@@ -142,57 +142,45 @@ DSV4_DEVICE uint32_t e4m3x4_div(const float (&v)[4], float s) {
 
 }  // namespace store_detail
 
-// Resident blocks per multiprocessor the store kernel is compiled for: 8 blocks of 256
-// threads (32 registers) keep every token of an 8192-token prefill in flight at once on an
-// H200; the norm weights live in shared memory, not in each token's registers, to get there.
-#ifndef DSV4_STORE_MIN_BLOCKS
-#define DSV4_STORE_MIN_BLOCKS 8
-#endif
-#if defined(DSV4_HIP)
-#define DSV4_STORE_BOUNDS __launch_bounds__(kStoreMaxBlockThreads)
-#else
-#define DSV4_STORE_BOUNDS __launch_bounds__(kStoreMaxBlockThreads, DSV4_STORE_MIN_BLOCKS)
-#endif
-
 template <int kFormat, typename KvT>
-__global__ void DSV4_STORE_BOUNDS compress_norm_rope_store_kernel(StoreKernelArgs a) {
+__global__ void __launch_bounds__(kStoreMaxBlockThreads)
+    compress_norm_rope_store_kernel(StoreKernelArgs a) {
   using namespace store_detail;
   constexpr int kHd = store_head_dim(kFormat);
   constexpr int kJ = kHd / 128;  // 4-value chunks per lane
-  alignas(16) __shared__ float w_sh[kHd];
   const int lane = int(threadIdx.x) % kLaneGroup;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
-  const bool live = t < a.n_rows;  // uniform over the lane group
 
   // Everything below reads what earlier kernels of the stream wrote (plan, kv, out_loc).
   pdl_wait();
+  if (t >= a.n_rows) return;  // uniform over the lane group
 
-  // Round 1: the plan record (broadcast to the group) and the row; meanwhile the block
-  // stages the norm weights in shared memory (no thread leaves before the barrier).
-  const uint8_t* rec = a.plan + (live ? t : 0) * 16;
-  uint32_t seq_len = 0, word1 = 0;
-  float x[kJ][4];
-  if (live) {
-    if (a.vec_in) {
-      const uint2 q = *reinterpret_cast<const uint2*>(rec);
-      seq_len = q.x;
-      word1 = q.y;
-    } else {
-      seq_len = uint32_t(rec[0]) | (uint32_t(rec[1]) << 8) | (uint32_t(rec[2]) << 16) |
-                (uint32_t(rec[3]) << 24);
-      word1 = uint32_t(rec[4]) | (uint32_t(rec[5]) << 8) | (uint32_t(rec[6]) << 16) |
-              (uint32_t(rec[7]) << 24);
-    }
-    const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
+  // Round 1: the plan record (broadcast to the group), the norm weights and the row.
+  const uint8_t* rec = a.plan + t * 16;
+  uint32_t seq_len, word1;
+  if (a.vec_in) {
+    const uint2 q = *reinterpret_cast<const uint2*>(rec);
+    seq_len = q.x;
+    word1 = q.y;
+  } else {
+    seq_len = uint32_t(rec[0]) | (uint32_t(rec[1]) << 8) | (uint32_t(rec[2]) << 16) |
+              (uint32_t(rec[3]) << 24);
+    word1 = uint32_t(rec[4]) | (uint32_t(rec[5]) << 8) | (uint32_t(rec[6]) << 16) |
+            (uint32_t(rec[7]) << 24);
   }
-  for (int i = int(threadIdx.x); i < kHd; i += int(blockDim.x))
-    w_sh[i] = a.w_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(a.norm_weight)[i])
-                       : static_cast<const float*>(a.norm_weight)[i];
-  __syncthreads();
-  if (!live) return;
-
+  float w[kJ][4];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    if (a.w_bf16)
+      load4(static_cast<const uint16_t*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
+    else
+      load4(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
+  }
+  // The row does not depend on the record: load it in the same round.
+  float x[kJ][4];
+  const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
   int64_t loc_index = 0, pos = 0;
   if (!store_row_target(seq_len, int32_t(word1), a.is_decode, a.compress_ratio, t,
                         a.num_out_loc, a.max_pos, &loc_index, &pos))
@@ -223,13 +211,9 @@ __global__ void DSV4_STORE_BOUNDS compress_norm_rope_store_kernel(StoreKernelArg
   const float inv = rms_inv(group_sum(acc), kHd, a.eps);
   float y[kJ][4];
 #pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const float4 w = *reinterpret_cast<const float4*>(&w_sh[lane_dim(j, lane, 0)]);
-    y[j][0] = norm_value(x[j][0], inv, w.x);
-    y[j][1] = norm_value(x[j][1], inv, w.y);
-    y[j][2] = norm_value(x[j][2], inv, w.z);
-    y[j][3] = norm_value(x[j][3], inv, w.w);
-  }
+  for (int j = 0; j < kJ; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y[j][k] = norm_value(x[j][k], inv, w[j][k]);
 
   // RoPE on the last 64 dims: pairs (k = 0, 1) and (2, 3) of the last chunk.
   if (rope_lane) {
