@@ -5,27 +5,34 @@
 //
 // Every thread owns kVec = 4 consecutive channels (one 16-byte fp32 / 8-byte bf16 vector per
 // row). What makes these kernels fast is that each thread issues ALL its window loads back to
-// back before it uses any: absent rows read a harmless stand-in address (the work item's own
-// 16-byte plan record) instead of branching around the load, and their values are replaced
-// afterwards (score -FLT_MAX, kv 0, see softmax_of). Branchy per-row loads serialised one
-// memory round trip per row (measured on the H200: 3x slower small decode steps).
-//   * c4_kernel<TS, TI, kDecode>: kC4Block = 128 threads; one event per hd/4 threads (hd 128:
-//     4 events per block, hd 512: 1); a thread folds all 8 window rows of its channels.
-//   * c128_kernel<TS, TI, kMode>: grid (events, hd / 64), kC128Block = 512 threads; a block
-//     owns 64 channels of one event, its 16 lane x 32 row-group threads fold 4 rows each; the
-//     partial states are merged across the row-group pair of a 32-lane group by one xor-16
-//     shuffle, then across the 16 lane groups in shared memory (max first, then the sums).
-//     Modes: offline prefill, offline decode, online prefill (segments).
+// back before it uses any: a window is resolved once (resolve_rows), each row's source is a
+// couple of compares, and the loads are predicated (an absent row loads nothing and reads as
+// kv 0, logit -FLT_MAX, see softmax_of) at offsets that are compile-time constants (head_dim
+// is a template parameter). Branchy per-row loads, or a register budget that makes the
+// compiler consume each row before loading the next, serialise one memory round trip per row
+// (measured on the H200: 2-3x slower small decode steps); check with cuobjdump -sass that the
+// window's LDG instructions stay together when changing these kernels.
+//   * c4_kernel<TS, TI, kDecode, kHd>: kC4Block = 128 threads; one event per kHd/4 threads
+//     (hd 128: 4 events per block, hd 512: 1); a thread folds all 8 window rows of its
+//     channels.
+//   * c128_kernel<TS, TI, kMode, kHd>: grid (events, kHd / 64), kC128Block = 512 threads; a
+//     block owns 64 channels of one event, its 16 lane x 32 row-group threads fold 4 rows
+//     each; the partial states are merged across the row-group pair of a 32-lane group by one
+//     xor-16 shuffle, then across the 16 lane groups in shared memory (max first, then the
+//     sums). Modes: offline prefill, offline decode, online prefill (segments). A block whose
+//     window has no present row (a decode step that closes none) writes zeros and exits.
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
 //   * write_rows_kernel<TS, TI, kRow>: offline prefill plan_w (copy input rows into state
 //     slots); launched after the compress kernel so that every compress read precedes every
 //     write.
-// TS / TI: state / input element type, float or uint16_t (bf16 bits). ape (fp32 / bf16 /
-// fp16) and out (fp32 / bf16) are runtime types: a uniform branch on a kernel argument.
+// TS / TI: state / input element type, float or uint16_t (bf16 bits); mixed types load each
+// source behind its own branch (load_rows). ape (fp32 / bf16 / fp16) and out (fp32 / bf16)
+// are runtime types: a uniform branch on a kernel argument.
 //
-// Explicit instantiation (e.g. for a hipcc check): every kernel is a template over
-// TS, TI in {float, uint16_t} and, for c4_kernel, kDecode in {false, true}; for c128_kernel,
-// kMode in {kModePrefill, kModeDecode, kModeOnline}; all take one `const Params` argument.
+// Explicit instantiation (e.g. for a hipcc check, scripts/hip/compress_instances.cu): TS, TI
+// in {float, uint16_t}; kHd in {128, 512}; c4_kernel kDecode in {false, true}; c128_kernel
+// kMode in {kModePrefill, kModeDecode, kModeOnline}; write_rows_kernel kRow in {2, 4} * kHd;
+// all take one `const Params` argument.
 #pragma once
 
 #include <type_traits>

@@ -301,7 +301,8 @@ DSV4_HD void softmax_fold(SoftmaxState& st, const float (&z)[U], const float (&k
 // State of U rows folded at once (one max, one exponential per row). Absent rows must carry
 // z = -FLT_MAX and kv = 0: they get weight 0 next to any present row, and a set without
 // present rows gives (-FLT_MAX, U, 0), whose value a / s is 0 and whose weight in a merge with
-// a present state is 0. Used by the GPU kernels, which load every row unconditionally.
+// a present state is 0. Used by the GPU kernels, which fold every row slot of a thread
+// (absent ones carry those values) instead of branching per row.
 template <int U>
 DSV4_HD SoftmaxState softmax_of(const float (&z)[U], const float (&kv)[U]) {
   float m = z[0];
