@@ -54,7 +54,7 @@ inline CallShape check_compress_forward(const at::Tensor& kv_score_buffer,
              " columns (", cr == 4 ? "4" : "2", "*head_dim), got shape ", kv_score_input.sizes());
   check_contiguous(kv_score_input, kOp, "kv_score_input");
 
-  const int win = window_len(cr);
+  const int win = window_of(cr);
   check_dtype(ape, kOp, "ape", {at::kFloat, at::kBFloat16, at::kHalf});
   check_dim(ape, kOp, "ape", 2);
   DSV4_CHECK(ape.size(0) == win && ape.size(1) == hd, kOp, "ape", "must be [", win, ", ", hd,

@@ -34,7 +34,7 @@ template <typename TS, typename TI>
 Ctx<TS, TI> make_ctx(const Params& p, bool online) {
   Ctx<TS, TI> c{p, static_cast<TS*>(p.state), static_cast<const TI*>(p.input),
                 state_row_elems(p.cr, p.hd, online), input_row_elems(p.cr, p.hd), {}};
-  const int64_t n = int64_t(window_len(p.cr)) * p.hd;
+  const int64_t n = int64_t(window_of(p.cr)) * p.hd;
   c.ape.resize(size_t(n));
   for (int64_t i = 0; i < n; ++i) c.ape[size_t(i)] = load_ape(p.ape, p.ape_type, i);
   return c;

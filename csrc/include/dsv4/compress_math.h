@@ -130,7 +130,7 @@ DSV4_HD int64_t clamp_rows(int64_t v, int32_t win) { return v < 0 ? 0 : (v > win
 
 DSV4_HD WindowRows resolve_rows(const WindowDesc& d, int cr, int64_t num_state_rows,
                                 int64_t num_in_rows) {
-  const int32_t win = cr == 4 ? 8 : 128;
+  const int32_t win = window_of(cr);
   WindowRows w;
   w.in_base = d.in_base;
   w.page0 = d.page0;
@@ -181,13 +181,11 @@ DSV4_HD RowSource row_source(const WindowRows& w, int cr, int r) {
   return RowSource{kAbsent, -1};
 }
 
-DSV4_HD int window_len(int cr) { return cr == 4 ? 8 : 128; }
-
 // Offline prefill record (SPEC 3.1 / 3.4). Window row r is position seq_len - win + r; rows at
 // negative positions (cr = 4, seq_len == 4: rows 0..3) are absent whatever the source rule
 // selects. Invalid records pool nothing (zeros).
 DSV4_HD WindowDesc offline_prefill_window(const CompressPlan& p, int cr) {
-  const int win = window_len(cr);
+  const int win = window_of(cr);
   WindowDesc d{0, -1, -1, 0, 0, 0};
   if (!is_valid(p)) return d;
   int64_t s = int64_t(p.seq_len);
@@ -207,7 +205,7 @@ DSV4_HD bool decode_closes(const DecodePlan& p, int cr) {
 }
 
 DSV4_HD WindowDesc offline_decode_window(const DecodePlan& p, int cr) {
-  const int win = window_len(cr);
+  const int win = window_of(cr);
   WindowDesc d{0, -1, -1, 0, 0, 0};
   if (!decode_closes(p, cr)) return d;
   int64_t s = int64_t(p.seq_len);
