@@ -19,7 +19,7 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
                 const std::optional<at::Tensor>& plan_w, gpuStream_t stream, bool pdl) {
   const dim3 block(kBlock);
   const Params p = pass_params(base, plan, true);
-  const dim3 c128_grid(grid_1d(p.num_records * (kHd / kC128Ch)));
+  const dim3 c128_grid(grid_1d(p.num_records), unsigned(kHd / kC128Ch));
   if (cs.online) {
     if (cs.decode) {
       const int64_t per_block = kBlock / (kHd / kVec);
@@ -33,7 +33,7 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
       Params pw = pass_params(base, *plan_w, false);
       pw.online_store = 1;
       launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>,
-                    dim3(grid_1d(pw.num_records * (kHd / kC128Ch))), dim3(kC128Block), 0,
+                    dim3(grid_1d(pw.num_records), unsigned(kHd / kC128Ch)), dim3(kC128Block), 0,
                     stream, pdl, pw);
       DSV4_CHECK_LAUNCH();
     }

@@ -15,8 +15,8 @@
 //   * c4_kernel<TS, TI, kDecode, kHd>: kC4Block = 128 threads; one event per kHd/4 threads
 //     (hd 128: 4 events per block, hd 512: 1); a thread folds all 8 window rows of its
 //     channels.
-//   * c128_kernel<TS, TI, kMode, kHd>: grid events x kHd / 64 (slice-minor), kC128Block = 512
-//     threads; a block owns 64 channels of one event, its 16 lane x 32 row-group threads fold 4 rows
+//   * c128_kernel<TS, TI, kMode, kHd>: grid (events, kHd / 64), kC128Block = 512 threads; a
+//     block owns 64 channels of one event, its 16 lane x 32 row-group threads fold 4 rows
 //     each; the partial states are merged across the row-group pair of a 32-lane group by one
 //     xor-16 shuffle, then across the 16 lane groups in shared memory (max first, then the
 //     sums). Modes: offline prefill, offline decode, online prefill (segments). A block whose
@@ -401,14 +401,11 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   constexpr int64_t kStRow = kMode == kModeOnline ? 3 * int64_t(kHd) : kInRow;
 
   pdl_wait();
-  // Blocks of one event are adjacent (slice-minor grid): its channel slices run together and
-  // read whole state / input rows, not 256-byte pieces of rows spread over the batch.
-  constexpr int kSlices = kHd / kC128Ch;
-  const int64_t e = blockIdx.x / kSlices;
+  const int64_t e = blockIdx.x;
   const int t = int(threadIdx.x);
   const int g = t / kC128Lanes;  // row group: window rows 4g .. 4g+3
   const int lane = t % kC128Lanes;
-  const int c0 = int(blockIdx.x % kSlices) * kC128Ch;
+  const int c0 = int(blockIdx.y) * kC128Ch;
   const int c = c0 + lane * kVec;
 
   TS* st = static_cast<TS*>(p.state);
