@@ -12,6 +12,8 @@ _INVALID_WRITE_RECORD = (-1, -1)
 
 
 def _i64(t: torch.Tensor, device: Optional[torch.device] = None) -> torch.Tensor:
+    if t.dtype == torch.int64 and (device is None or t.device == device):
+        return t  # what .to would return, without its dispatch (planning is host-latency bound)
     return t.to(device=device if device is not None else t.device, dtype=torch.int64)
 
 
