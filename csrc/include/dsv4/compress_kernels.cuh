@@ -104,8 +104,8 @@ DSV4_DEVICE void unpack4(const uint2 t, float (&v)[4]) {
 DSV4_DEVICE float4 pack4(const float (&v)[4], const float*) { return make_float4(v[0], v[1], v[2], v[3]); }
 DSV4_DEVICE uint2 pack4(const float (&v)[4], const uint16_t*) {
   uint2 t;
-  t.x = uint32_t(f32_to_bf16(v[0])) | (uint32_t(f32_to_bf16(v[1])) << 16);
-  t.y = uint32_t(f32_to_bf16(v[2])) | (uint32_t(f32_to_bf16(v[3])) << 16);
+  t.x = bf16x2_bits(v[0], v[1]);
+  t.y = bf16x2_bits(v[2], v[3]);
   return t;
 }
 

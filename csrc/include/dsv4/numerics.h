@@ -29,16 +29,56 @@ DSV4_HD float bits_f32(uint32_t u) {
 // bf16 <-> fp32; bf16 values travel as their uint16_t bits.
 DSV4_HD float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
 
+// sm_80+ converts fp32 to bf16 in hardware (cvt.rn: round to nearest even, subnormals kept,
+// overflow to inf: the same bits as the integer rounding below, except for NaN payloads,
+// which the callers fix up). The integer rounding was a fifth of the store kernels' code.
+#if !defined(DSV4_HIP) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+#define DSV4_HW_BF16 1
+#endif
+
 // Round to nearest even. Every NaN becomes the canonical quiet NaN 0x7fc0 (as torch's own
 // conversion does), so backends whose arithmetic yields NaNs of different sign agree.
 DSV4_HD uint16_t f32_to_bf16(float f) {
+#if defined(DSV4_HW_BF16)
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return f != f ? uint16_t(0x7fc0) : uint16_t(r);
+#else
   uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t(0x7fc0);
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
+#endif
+}
+
+// f32_to_bf16(lo) | f32_to_bf16(hi) << 16: one packed conversion on sm_80+.
+DSV4_HD uint32_t bf16x2_bits(float lo, float hi) {
+#if defined(DSV4_HW_BF16)
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  if (lo != lo) r = (r & 0xffff0000u) | 0x7fc0u;
+  if (hi != hi) r = (r & 0x0000ffffu) | 0x7fc00000u;
+  return r;
+#else
+  return uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
+#endif
 }
 
 DSV4_HD float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// round_to_bf16 of a pair, except that a NaN stays a NaN of unspecified payload: for values
+// whose consumers treat every NaN alike (amax, e4m3 codes), this skips the fix-up.
+DSV4_HD void round_to_bf16_pair(float& a, float& b) {
+#if defined(DSV4_HW_BF16)
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+  a = bits_f32(r << 16);
+  b = bits_f32(r & 0xffff0000u);
+#else
+  a = round_to_bf16(a);
+  b = round_to_bf16(b);
+#endif
+}
 
 // Element loads/stores that hide whether a buffer holds fp32 or bf16 (uint16_t bits).
 DSV4_HD float load_as_f32(const float* p, int64_t i) { return p[i]; }

@@ -65,16 +65,6 @@ DSV4_DEVICE T group_sum(T v) {
   return v;
 }
 
-template <typename T>
-DSV4_DEVICE T group_max(T v) {
-#pragma unroll
-  for (int m = kLaneGroup / 2; m > 0; m >>= 1) {
-    T o = shfl_xor(v, m);
-    v = o > v ? o : v;
-  }
-  return v;
-}
-
 // Programmatic dependent launch (sm_90+). The wait blocks until the previous kernel in the
 // stream has finished (or triggered); the trigger lets the next kernel start its prologue.
 // Compiled out on HIP and on older CUDA targets, where launches are plainly serialised.

@@ -95,24 +95,21 @@ DSV4_DEVICE void store_u64(uint8_t* p, uint32_t lo, uint32_t hi, bool vec) {
   }
 }
 
-// Max over the lanes that share bits >= log2(width) of the lane index (width 8 or 16 lanes
-// = 32 or 64 dims). Exact, so the reduction order does not matter.
+// Max over the lanes that share bits >= log2(width) of the lane index (width 8, 16 or 32
+// lanes = 32, 64 or 128 dims) of NaN-free values. Exact, so the order does not matter.
 template <int kWidth>
 DSV4_DEVICE float subgroup_max(float v) {
 #pragma unroll
-  for (int m = kWidth / 2; m > 0; m >>= 1) {
-    const float o = shfl_xor(v, m);
-    v = o > v ? o : v;
-  }
+  for (int m = kWidth / 2; m > 0; m >>= 1) v = fmaxf(v, shfl_xor(v, m));
   return v;
 }
 
-// max |v| starting from 0, so that a NaN is never selected (same rule as the CPU loops):
-// every lane of a group then agrees on the amax.
+// max |v| starting from 0; fmaxf returns the other operand of a NaN, so a NaN is never
+// selected (the CPU loops' rule) and every lane of a group agrees on the amax.
 DSV4_DEVICE float abs_max4(const float (&v)[4]) {
   float m = 0.0f;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) m = fabsf(v[k]) > m ? fabsf(v[k]) : m;
+  for (int k = 0; k < 4; ++k) m = fmaxf(m, fabsf(v[k]));
   return m;
 }
 
@@ -228,9 +225,9 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
     uint32_t ex[kJ];
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
-      float yb[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) yb[k] = round_to_bf16(y[j][k]);
+      float yb[4] = {y[j][0], y[j][1], y[j][2], y[j][3]};
+      round_to_bf16_pair(yb[0], yb[1]);  // NaNs go to 0x7f codes whatever their payload
+      round_to_bf16_pair(yb[2], yb[3]);
       ex[j] = ds_mla_exponent(subgroup_max<16>(abs_max4(yb)));
       const int group = 2 * j + lane / 16;  // dims 64*group .. 64*group+63
       if (group < kDsMlaNopeDim / kDsMlaGroup) {
@@ -238,9 +235,8 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
                   a.vec_out);
       } else {
         // Rope dims 448..511 as bf16 at byte 448 + 2*(dim-448) = 2*dim - 448.
-        const uint32_t lo = uint32_t(f32_to_bf16(y[j][0])) | (uint32_t(f32_to_bf16(y[j][1])) << 16);
-        const uint32_t hi = uint32_t(f32_to_bf16(y[j][2])) | (uint32_t(f32_to_bf16(y[j][3])) << 16);
-        store_u64(data + 2 * lane_dim(j, lane, 0) - kDsMlaNopeDim, lo, hi, a.vec_out);
+        store_u64(data + 2 * lane_dim(j, lane, 0) - kDsMlaNopeDim, bf16x2_bits(y[j][0], y[j][1]),
+                  bf16x2_bits(y[j][2], y[j][3]), a.vec_out);
       }
     }
     // Scale of group 2j + 1 lives in lane 16 of chunk j.
@@ -253,9 +249,8 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   } else if constexpr (kFormat == kStoreBf16) {
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
-      const uint32_t lo = uint32_t(f32_to_bf16(y[j][0])) | (uint32_t(f32_to_bf16(y[j][1])) << 16);
-      const uint32_t hi = uint32_t(f32_to_bf16(y[j][2])) | (uint32_t(f32_to_bf16(y[j][3])) << 16);
-      store_u64(data + 2 * lane_dim(j, lane, 0), lo, hi, a.vec_out);
+      store_u64(data + 2 * lane_dim(j, lane, 0), bf16x2_bits(y[j][0], y[j][1]),
+                bf16x2_bits(y[j][2], y[j][3]), a.vec_out);
     }
   } else {
     // Indexer (hd 128, one chunk): Walsh-Hadamard, Sylvester order. Index bits 0-1 = k
@@ -276,7 +271,7 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
     for (int k = 0; k < 4; ++k) v[k] *= kHadamardScale;
 
     if constexpr (kFormat == kStoreFp8Indexer) {
-      const float scale = fp8_indexer_scale(group_max(abs_max4(y[0])));
+      const float scale = fp8_indexer_scale(subgroup_max<kLaneGroup>(abs_max4(y[0])));
       store_u32(data + 4 * lane, e4m3x4_div(y[0], scale), a.vec_out);
       if (lane == 0) store_u32(scales, f32_bits(scale), a.vec_out);
     } else {
