@@ -863,6 +863,48 @@ def test_cpu_and_cuda_bit_identical(fmt, kv_dt):
     assert torch.equal(cpu, gpu)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+def test_cpu_and_cuda_bit_identical_special_values(fmt, eps):
+    """Rows with NaNs (both signs, other payloads), infinities, signed zeros, subnormals and
+    values whose squares overflow or underflow: the GPU's hardware conversions (bf16, e4m3) and
+    its shortcuts (shared reciprocal of the fp8_indexer scale, exponent from the amax bits)
+    give the CPU's bytes for these too. With eps = 0 an all-zero row normalises to NaNs."""
+    gen = torch.Generator().manual_seed(67)
+    hd, ps, max_pos, cr = HEAD_DIM[fmt], 64, 4096, 4
+    rows = [torch.zeros(hd), torch.full((hd,), -0.0)]
+    for bits in (0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFBFFFFF, 0x7F800000, 0xFF800000):
+        r = random_kv(1, hd, gen)[0]
+        r[int(torch.randint(0, hd, (1,), generator=gen))] = bits_to_f32([bits])[0]
+        rows.append(r)
+    r = random_kv(1, hd, gen)[0]
+    r[:2] = bits_to_f32([0x7F800000, 0xFF800000])
+    rows.append(r)
+    rows.append(random_f32_patterns(hd, gen, 0, 0))  # subnormals (and zeros)
+    rows.append(random_f32_patterns(hd, gen, 200, 254))  # squares overflow
+    rows.append(random_f32_patterns(hd, gen, 1, 40))  # squares underflow
+    r = random_kv(1, hd, gen)[0]
+    r[torch.rand(hd, generator=gen) < 0.3] = -0.0
+    rows.append(r)
+    rows += list(random_kv(8, hd, gen) * torch.logspace(-30, 30, 8)[:, None])
+    kv = torch.stack(rows).to(F32)
+    n = kv.shape[0]
+    pages = -(-n // ps) + 1
+    cache = random_cache(pages, page_bytes_of(fmt, ps), gen)
+    w = (torch.rand(hd, generator=gen) + 0.5).to(torch.bfloat16)
+    freqs = random_freqs(max_pos, gen)
+    seq = [cr * int(k) for k in torch.randint(1, max_pos // cr, (n,), generator=gen)]
+    plan = pack_words(prefill_words(seq, list(range(n))))
+    locs = torch.randperm(pages * ps, generator=gen)[:n]
+    for kv_dt in (torch.float32, torch.bfloat16):
+        x = kv.to(kv_dt)
+        cpu = store("cpu", fmt, x, plan, w, freqs, locs, cache, False, cr, eps, ps)
+        gpu = store("cuda", fmt, x, plan, w, freqs, locs, cache, False, cr, eps, ps)
+        assert not torch.equal(cpu, cache)  # the rows were written
+        assert torch.equal(cpu, gpu)
+
+
 def test_opcheck(device):
     """Schema, mutation annotation and fake implementation agree with the kernel."""
     a = _good_args("fp8_indexer")

@@ -114,16 +114,14 @@ DSV4_DEVICE float abs_max4(const float (&v)[4]) {
 }
 
 // Two e4m3 codes (a in bits 0-7, b in bits 8-15) of f32_to_e4m3_satfinite: one hardware
-// conversion on sm_89+ (round-to-nearest-even, saturating: the same codes; a NaN is patched to
-// the software rule's 0x7f), the shared software rule elsewhere. The conversion was most of
-// the fp8 store kernels' instruction count.
+// conversion on sm_89+ (round-to-nearest-even, saturating, every NaN to 0x7f: the software
+// rule's codes for all 2^32 inputs, checked exhaustively on the H200), the shared software
+// rule elsewhere. The conversion was most of the fp8 store kernels' instruction count.
 DSV4_DEVICE uint32_t e4m3x2(float a, float b) {
 #if !defined(DSV4_HIP) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
   unsigned short r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
-  const uint32_t lo = a != a ? 0x7fu : uint32_t(r & 0xffu);
-  const uint32_t hi = b != b ? 0x7fu : uint32_t(r >> 8);
-  return lo | (hi << 8);
+  return r;
 #else
   return uint32_t(f32_to_e4m3_satfinite(a)) | (uint32_t(f32_to_e4m3_satfinite(b)) << 8);
 #endif
@@ -133,7 +131,27 @@ DSV4_DEVICE uint32_t e4m3x2(float a, float b) {
 DSV4_DEVICE uint32_t e4m3x4_mul(const float (&v)[4], float s) {
   return e4m3x2(v[0] * s, v[1] * s) | (e4m3x2(v[2] * s, v[3] * s) << 16);
 }
+
+// The quotients are those of the IEEE division, whose fast path is used with the reciprocal
+// shared by the four values (approximate reciprocal, one Newton step, product, FMA correction:
+// nvcc's own sequence). Its slow path only matters outside the normal range: s is finite here
+// (an infinite s takes the plain division), and a quotient that underflows has the code of a
+// zero either way, with v's sign (copysign: -0 / s = -0).
 DSV4_DEVICE uint32_t e4m3x4_div(const float (&v)[4], float s) {
+#if !defined(DSV4_HIP) && defined(__CUDA_ARCH__)
+  if (s <= 3.4028235e38f) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+    r = fmaf(r, fmaf(r, -s, 1.0f), r);
+    float q[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float q0 = v[k] * r;
+      q[k] = copysignf(fmaf(r, fmaf(q0, -s, v[k]), q0), v[k]);
+    }
+    return e4m3x2(q[0], q[1]) | (e4m3x2(q[2], q[3]) << 16);
+  }
+#endif
   return e4m3x2(v[0] / s, v[1] / s) | (e4m3x2(v[2] / s, v[3] / s) << 16);
 }
 

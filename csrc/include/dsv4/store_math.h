@@ -123,9 +123,11 @@ DSV4_HD void hadamard_pair(float& lo, float& hi) {
   lo = a + b;
   hi = a - b;
 }
-// The same butterfly seen from one side, given the partner's value (GPU shuffle stages).
+// The same butterfly seen from one side, given the partner's value (GPU shuffle stages):
+// partner - own (upper) or own + partner, as one fused multiply-add by +-1 (exact product,
+// one rounding: the same sums).
 DSV4_HD float hadamard_side(float own, float partner, bool upper) {
-  return upper ? partner - own : own + partner;
+  return fmaf(upper ? -1.0f : 1.0f, own, partner);
 }
 
 DSV4_HD float floor_amax(float amax) { return amax > kScaleFloor ? amax : kScaleFloor; }
