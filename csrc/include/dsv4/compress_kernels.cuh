@@ -18,10 +18,9 @@
 //   * c128_kernel<TS, TI, kMode, kHd>: grid (events, kHd / 64), kC128Block = 512 threads; a
 //     block owns 64 channels of one event, its 16 lane x 32 row-group threads fold 4 rows
 //     each; the partial states are merged across the row-group pair of a 32-lane group by one
-//     xor-16 shuffle, then the 16 lane groups' through shared memory by 4 threads per channel
-//     (4 parts each: max first, then the sums; then two xor shuffles). Modes: offline prefill,
-//     offline decode, online prefill (segments). A block whose window has no present row (a
-//     decode step that closes none) writes zeros and exits.
+//     xor-16 shuffle, then across the 16 lane groups in shared memory (max first, then the
+//     sums). Modes: offline prefill, offline decode, online prefill (segments). A block whose
+//     window has no present row (a decode step that closes none) writes zeros and exits.
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
 //   * write_rows_kernel<TS, TI, kRow>: offline prefill plan_w (copy input rows into state
 //     slots); launched after the compress kernel so that every compress read precedes every
@@ -56,9 +55,6 @@ constexpr int kC128Rows = 4;                                // window rows per t
 constexpr int kC128RowGroups = 128 / kC128Rows;             // 32
 constexpr int kC128Block = kC128Lanes * kC128RowGroups;     // 512
 constexpr int kC128Parts = kC128Block / kLaneGroup;         // partial states after the shuffle
-constexpr int kC128Merge = 4;                               // threads merging one channel's parts
-static_assert(kC128Ch * kC128Merge <= kC128Block && kC128Parts % kC128Merge == 0 &&
-                  kLaneGroup % kC128Merge == 0, "the final merge tiles the block");
 static_assert(2 * kC128Lanes == kLaneGroup, "a lane group holds two row groups of one slice");
 
 // Resident blocks per multiprocessor the pooling kernels are compiled for (register budget):
@@ -400,9 +396,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
 //   at read_page_0 (p.out is null).
 template <typename TS, typename TI, int kMode, int kHd>
 __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kernel(const Params p) {
-  // Partial states channel-major, a part row padded to 17 floats: the final merge's reads and
-  // the partial writes hit at most two threads per bank.
-  __shared__ float part[3][kC128Ch][kC128Parts + 1];
+  alignas(16) __shared__ float part[3][kC128Parts][kC128Ch];
   constexpr int64_t kInRow = 2 * int64_t(kHd);
   constexpr int64_t kStRow = kMode == kModeOnline ? 3 * int64_t(kHd) : kInRow;
 
@@ -513,66 +507,55 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     acc[j] = lo;
   }
   if ((g & 1) == 0) {
+    float m4[4], s4[4], a4[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      part[0][lane * kVec + j][g / 2] = acc[j].m;
-      part[1][lane * kVec + j][g / 2] = acc[j].s;
-      part[2][lane * kVec + j][g / 2] = acc[j].a;
+      m4[j] = acc[j].m;
+      s4[j] = acc[j].s;
+      a4[j] = acc[j].a;
     }
+    store4(&part[0][g / 2][lane * kVec], m4);
+    store4(&part[1][g / 2][lane * kVec], s4);
+    store4(&part[2][g / 2][lane * kVec], a4);
   }
   __syncthreads();
 
-  // Final merge, kC128Merge threads (adjacent lanes) per channel: each folds kC128Parts /
-  // kC128Merge parts (their common max first, then independent rescales), then the group
-  // merges by xor shuffles, the lower lane's state first: every lane ends with the same state.
-  // (A single thread per channel made this serial tail most of a block's time after its loads,
-  // with two blocks per SM the time the other block's loads ran alone.)
-  if (t < kC128Ch * kC128Merge) {
-    constexpr int kPer = kC128Parts / kC128Merge;
-    const int cc = t / kC128Merge;
-    const int q = t % kC128Merge;
+  if (t < kC128Ch) {
+    const int cc = t;
     const int ch = c0 + cc;
+    // Merge of the partial states: the common max first, then independent rescales.
     float M = -FLT_MAX;
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) M = fmaxf(M, part[0][cc][q * kPer + k]);
+    for (int k = 0; k < kC128Parts; ++k) M = fmaxf(M, part[0][k][cc]);
     float S = 0.0f, A = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const float f = fexp(part[0][cc][q * kPer + k] - M);
-      S = fmaf(part[1][cc][q * kPer + k], f, S);
-      A = fmaf(part[2][cc][q * kPer + k], f, A);
+    for (int k = 0; k < kC128Parts; ++k) {
+      const float f = fexp(part[0][k][cc] - M);
+      S = fmaf(part[1][k][cc], f, S);
+      A = fmaf(part[2][k][cc], f, A);
     }
     SoftmaxState x{M, S, A};
-#pragma unroll
-    for (int m = 1; m < kC128Merge; m <<= 1) {
-      const SoftmaxState o{shfl_xor(x.m, m), shfl_xor(x.s, m), shfl_xor(x.a, m)};
-      SoftmaxState lo = (q & m) ? o : x;
-      softmax_merge(lo, (q & m) ? x : o);
-      x = lo;
-    }
-    if (q == 0) {
-      if constexpr (kMode == kModeOnline) {
-        if (seg.merge) {
-          SoftmaxState y = softmax_empty();
-          if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
-            const TS* r = st + seg.read_slot * kStRow;
-            y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
-                            load_as_f32(r, 2 * int64_t(kHd) + ch));
-          }
-          softmax_merge(y, x);
-          x = y;
+    if constexpr (kMode == kModeOnline) {
+      if (seg.merge) {
+        SoftmaxState y = softmax_empty();
+        if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
+          const TS* r = st + seg.read_slot * kStRow;
+          y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
+                          load_as_f32(r, 2 * int64_t(kHd) + ch));
         }
-        if (!p.online_store) {
-          store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
-        } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
-          TS* r = st + seg.write_slot * kStRow;
-          store_from_f32(r, ch, x.m);
-          store_from_f32(r, kHd + ch, x.s);
-          store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
-        }
-      } else {
-        store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
+        softmax_merge(y, x);
+        x = y;
       }
+      if (!p.online_store) {
+        store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
+      } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
+        TS* r = st + seg.write_slot * kStRow;
+        store_from_f32(r, ch, x.m);
+        store_from_f32(r, kHd + ch, x.s);
+        store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
+      }
+    } else {
+      store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
     }
   }
 
