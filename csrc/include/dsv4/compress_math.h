@@ -4,8 +4,9 @@
 // row feeds window row r, which rows are absent, the chunked safe-softmax fold, the merge of
 // partial softmax states and the online running-state conversions. Only the fp32 summation
 // order differs between backends: the CPU folds cr = 128 windows as 8 groups of 16 rows in
-// chunks of 4 (compress_cpu.cpp); the GPU folds 4 rows per thread and merges 32 partial states (and uses the
-// hardware exponential), so the backends agree to fp32 rounding, not bit for bit.
+// chunks of 4 (compress_cpu.cpp); the GPU folds 4 rows per thread and merges 32 partial
+// states (and uses the hardware exponential), so the backends agree to fp32 rounding, not
+// bit for bit.
 //
 // Decisions where the SPEC is silent (also in the family's report):
 //  * Rows at negative positions (s - win + r < 0) are absent for both ratios (SPEC states it

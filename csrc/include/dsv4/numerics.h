@@ -86,16 +86,6 @@ DSV4_HD float load_as_f32(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i
 DSV4_HD void store_from_f32(float* p, int64_t i, float v) { p[i] = v; }
 DSV4_HD void store_from_f32(uint16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
 
-// Biased fp32 exponent of v (> 0, finite), plus one if the mantissa is non-zero: the
-// UE8M0 byte of the smallest power of two >= v. Rounding up keeps x / 2^(e-127) inside
-// the format's range; rounding down would push codes into saturation.
-DSV4_HD uint8_t ue8m0_ceil(float v) {
-  uint32_t u = f32_bits(v);
-  uint32_t e = (u >> 23) & 0xffu;
-  uint32_t m = u & 0x7fffffu;
-  return uint8_t(e + (m != 0 ? 1u : 0u));
-}
-
 // 2^(127 - e) as an exact fp32 (inverse of the UE8M0 scale). Normal for e <= 253; e = 254
 // and 255 (only reachable from an infinite amax) give the subnormals 2^-127 and 2^-128
 // instead of the zero / -inf that the plain exponent shift would produce.

@@ -52,12 +52,11 @@ DSV4_DEVICE int64_t block_exclusive_scan(int64_t v, int64_t* sh, int64_t& total)
   return inclusive - v;
 }
 
-// Same result as build_request_offsets() (plan_math.h), computed by one block: each thread
-// owns a contiguous chunk of requests; two block scans (ragged offsets, then the record counts
-// packed as c + (w << 32), both <= 65536). Writes offs[0..batch] and counts[2].
 // Per-request offsets of a device-lengths batch into offs[0 .. batch] (global or shared
-// memory), by the threads of one block; counts (if not null) gets the totals. kMax: the
-// largest block size.
+// memory), by the threads of one block (kMax: the largest block size): the same result as
+// build_request_offsets() (plan_math.h). Each thread owns a contiguous chunk of requests; two
+// block scans (ragged offsets, then the record counts packed as c + (w << 32), both <= 65536).
+// counts, if not null, gets the totals.
 template <int kMax>
 DSV4_DEVICE void scan_request_offsets(const PlanParams& p, const int64_t* __restrict__ seq_lens,
                                       const int64_t* __restrict__ extend_lens, int32_t batch,

@@ -132,11 +132,14 @@ DSV4_HD float hadamard_side(float own, float partner, bool upper) {
 
 DSV4_HD float floor_amax(float amax) { return amax > kScaleFloor ? amax : kScaleFloor; }
 
-// ue8m0_ceil(a / d) for a >= kScaleFloor (finite or +inf) and a divisor d = 1.m * 2^k,
-// without the division: the rounded quotient's exponent is a's minus k, and one more exactly
-// when a's mantissa exceeds d's (`d_mant`). The quotient never rounds onto a power of two:
-// its distance from one is at least 2^-23 / 1.m, more than half an ulp on either side (checked
-// over every float >= kScaleFloor against the division, and by test_ue8m0_scale_rounds_up).
+// The UE8M0 byte of the smallest power of two >= fl(a / d) (rounding up keeps the scaled
+// values inside the code range; rounding down would saturate the largest codes), for
+// a >= kScaleFloor (finite or +inf) and a divisor d = 1.m * 2^k, without the division: the
+// rounded quotient's exponent is a's minus k, plus one exactly when a's mantissa exceeds d's
+// (`d_mant`). The quotient never rounds onto a power of two: its distance from one is at least
+// 2^-23 / 1.m, more than half an ulp on either side. Compared with the division rule over
+// every float when written (a one-off program, not in the suite); test_ue8m0_scale_rounds_up
+// pins the boundaries (mantissa just below, at and above d's) on every backend.
 DSV4_HD uint8_t ue8m0_ceil_quotient(float a, int k, uint32_t d_mant) {
   const uint32_t u = f32_bits(a);
   const uint32_t e = u >> 23;
@@ -144,12 +147,12 @@ DSV4_HD uint8_t ue8m0_ceil_quotient(float a, int k, uint32_t d_mant) {
   return uint8_t(e - uint32_t(k) + ((u & 0x7fffffu) > d_mant ? 1u : 0u));
 }
 
-// fp8_ds_mla: UE8M0 exponent of a 64-dim group from the amax of its bf16-rounded values:
-// ue8m0_ceil(floor_amax(amax) / 448), 448 = 1.75 * 2^8.
+// fp8_ds_mla: UE8M0 exponent of a 64-dim group from the amax of its bf16-rounded values, for
+// floor_amax(amax) / 448, 448 = 1.75 * 2^8.
 DSV4_HD uint8_t ds_mla_exponent(float amax) {
   return ue8m0_ceil_quotient(floor_amax(amax), 8, 0x600000u);
 }
-// fp4_indexer: UE8M0 exponent of a 32-dim group: ue8m0_ceil(floor_amax(amax) / 6), 6 = 1.5 * 2^2.
+// fp4_indexer: UE8M0 exponent of a 32-dim group, for floor_amax(amax) / 6, 6 = 1.5 * 2^2.
 DSV4_HD uint8_t fp4_exponent(float amax) {
   return ue8m0_ceil_quotient(floor_amax(amax), 2, 0x400000u);
 }
