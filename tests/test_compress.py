@@ -543,6 +543,35 @@ def test_prefill_compress_reads_before_writes(device, cr):
     assert_bits_equal(st.view(-1, row), exp, "writes")
 
 
+@pytest.mark.parametrize("cr", [4, 128])
+def test_prefill_many_row_writes(device, cr):
+    """More valid plan_w records than the GPU's write groups (2048), invalid records mixed in,
+    then padding: every valid row lands, nothing else changes."""
+    hd = 128
+    row = row_of(cr, hd)
+    n_valid, T = 5000, 9000
+    pages = (2 * n_valid + cr - 1) // cr
+    st = _state(device, pages, cr, hd, seed=21)
+    flat = st.clone().cpu().view(-1, row)
+    g = torch.Generator().manual_seed(22)
+    inp = torch.randn(T, row, generator=g)
+    slots = torch.randperm(pages * cr, generator=g)[:n_valid].tolist()
+    recs = []
+    for i, slot in enumerate(slots):
+        recs.append((i + 7, slot))
+        if i % 5 == 0:
+            recs.append(INVALID_W)
+    plan_w = pack_write(recs, T)
+    plan_c = pack_compress([(2 * win_of(cr), win_of(cr) - 1, 0, -1, -1)])
+    out = torch.empty((1, hd), device=device)
+    OP(st, inp.to(device), _ape(cr, hd).to(device), plan_c.to(device), plan_w.to(device), out,
+       hd, cr, False)
+    exp = flat.clone()
+    for i, slot in enumerate(slots):
+        exp[slot] = inp[i + 7]
+    assert_bits_equal(st.view(-1, row), exp, "state after the writes")
+
+
 def test_empty_plans(device):
     cr, hd = 4, 128
     st = _state(device, 2, cr, hd)

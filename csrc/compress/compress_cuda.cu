@@ -19,7 +19,6 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
                 const std::optional<at::Tensor>& plan_w, gpuStream_t stream, bool pdl) {
   const dim3 block(kBlock);
   const Params p = pass_params(base, plan, true);
-  const dim3 c128_grid(grid_1d(p.num_records), unsigned(kHd / kC128Ch));
   if (cs.online) {
     if (cs.decode) {
       const int64_t per_block = kBlock / (kHd / kVec);
@@ -27,14 +26,13 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
                     block, 0, stream, pdl, p);
       DSV4_CHECK_LAUNCH();
     } else {
-      launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>, c128_grid, dim3(kC128Block), 0, stream,
-                    pdl, p);
+      launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>, dim3(grid_1d(c128_blocks(p.num_records, kHd))),
+                    dim3(kC128Block), 0, stream, pdl, p);
       DSV4_CHECK_LAUNCH();
       Params pw = pass_params(base, *plan_w, false);
       pw.online_store = 1;
-      launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>,
-                    dim3(grid_1d(pw.num_records), unsigned(kHd / kC128Ch)), dim3(kC128Block), 0,
-                    stream, pdl, pw);
+      launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>, dim3(grid_1d(c128_blocks(pw.num_records, kHd))),
+                    dim3(kC128Block), 0, stream, pdl, pw);
       DSV4_CHECK_LAUNCH();
     }
     return;
@@ -46,10 +44,12 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
       launch_kernel(c4_kernel<TS, TI, true, kHd>, grid, dim3(kC4Block), 0, stream, pdl, p);
     else
       launch_kernel(c4_kernel<TS, TI, false, kHd>, grid, dim3(kC4Block), 0, stream, pdl, p);
-  } else if (cs.decode) {
-    launch_kernel(c128_kernel<TS, TI, kModeDecode, kHd>, c128_grid, dim3(kC128Block), 0, stream, pdl, p);
   } else {
-    launch_kernel(c128_kernel<TS, TI, kModePrefill, kHd>, c128_grid, dim3(kC128Block), 0, stream, pdl, p);
+    const dim3 grid(grid_1d(c128_blocks(p.num_records, kHd)));
+    if (cs.decode)
+      launch_kernel(c128_kernel<TS, TI, kModeDecode, kHd>, grid, dim3(kC128Block), 0, stream, pdl, p);
+    else
+      launch_kernel(c128_kernel<TS, TI, kModePrefill, kHd>, grid, dim3(kC128Block), 0, stream, pdl, p);
   }
   DSV4_CHECK_LAUNCH();
   if (!cs.decode) {

@@ -3,24 +3,27 @@
 // Torch-free. The math (row sources, absent rows, safe softmax, merges, online state) comes
 // from compress_math.h, shared with the CPU kernel.
 //
-// Every thread owns kVec = 4 consecutive channels (one 16-byte fp32 / 8-byte bf16 vector per
-// row). What makes these kernels fast is that each thread issues ALL its window loads back to
-// back before it uses any: a window is resolved once (resolve_rows), each row's source is a
-// couple of compares, and the loads are predicated (an absent row loads nothing and reads as
-// kv 0, logit -FLT_MAX, see softmax_of) at offsets that are compile-time constants (head_dim
-// is a template parameter). Branchy per-row loads, or a register budget that makes the
-// compiler consume each row before loading the next, serialise one memory round trip per row
-// (measured on the H200: 2-3x slower small decode steps); check with cuobjdump -sass that the
-// window's LDG instructions stay together when changing these kernels.
+// Every thread owns a few consecutive channels (c4: kVec = 4, one 16-byte fp32 / 8-byte bf16
+// vector per row; c128: kC128Vec = 2) of several window rows. What makes these kernels fast is
+// that each thread issues ALL its window loads back to back before it uses any: a window is
+// resolved once (resolve_rows), each row's source is a couple of compares, and the loads are
+// predicated (an absent row loads nothing and reads as kv 0, score kAbsentScore, see
+// softmax_of) at offsets that are compile-time constants (head_dim is a template parameter).
+// Branchy per-row loads, or a register budget that makes the compiler consume each row before
+// loading the next, serialise one memory round trip per row (measured on the H200: 2-3x
+// slower small decode steps); check with cuobjdump -sass that the window's LDG instructions
+// stay together when changing these kernels. The other lesson of the H200 (ncu): at a block's
+// few resident warps, every instruction between the plan load and the window loads, and
+// between the loads and the exit, lowers the bandwidth; keep the arithmetic lean.
 //   * c4_kernel<TS, TI, kDecode, kHd>: kC4Block = 128 threads; one event per kHd/4 threads
 //     (hd 128: 4 events per block, hd 512: 1); a thread folds all 8 window rows of its
 //     channels.
-//   * c128_kernel<TS, TI, kMode, kHd>: grid (events, kHd / 64), kC128Block = 512 threads; a
-//     block owns 64 channels of one event, its 16 lane x 32 row-group threads fold 4 rows
-//     each; the partial states are merged across the row-group pair of a 32-lane group by one
-//     xor-16 shuffle, then across the 16 lane groups in shared memory (max first, then the
-//     sums). Modes: offline prefill, offline decode, online prefill (segments). A block whose
-//     window has no present row (a decode step that closes none) writes zeros and exits.
+//   * c128_kernel<TS, TI, kMode, kHd>: c128_blocks(events, kHd) blocks of kC128Block = 512
+//     threads (channel slices minor); a block owns 64 channels of one event: 32 lanes of 2 channels x 16 row groups of 8 rows.
+//     Each thread folds its 8 rows in registers; the 16 partial states per channel are merged
+//     in shared memory (max first, then the sums) by one thread per channel. Modes: offline
+//     prefill, offline decode, online prefill (segments). A block whose window has no present
+//     row (a decode step that closes none) writes zeros and exits.
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
 //   * write_rows_kernel<TS, TI, kRow>: offline prefill plan_w (copy input rows into state
 //     slots); launched after the compress kernel so that every compress read precedes every
@@ -50,12 +53,14 @@ enum : int { kModePrefill = 0, kModeDecode = 1, kModeOnline = 2 };
 
 constexpr int kC4Block = 128;                               // c4_kernel threads per block
 constexpr int kC128Ch = 64;                                 // c128_kernel channels per block
-constexpr int kC128Lanes = kC128Ch / kVec;                  // threads across those channels
-constexpr int kC128Rows = 4;                                // window rows per thread
-constexpr int kC128RowGroups = 128 / kC128Rows;             // 32
+constexpr int kC128Vec = 2;                                 // channels per c128_kernel thread
+constexpr int kC128Lanes = kC128Ch / kC128Vec;              // 32 threads across those channels
+constexpr int kC128Rows = 8;                                // window rows per thread
+constexpr int kC128RowGroups = 128 / kC128Rows;             // 16 partial states per channel
 constexpr int kC128Block = kC128Lanes * kC128RowGroups;     // 512
-constexpr int kC128Parts = kC128Block / kLaneGroup;         // partial states after the shuffle
-static_assert(2 * kC128Lanes == kLaneGroup, "a lane group holds two row groups of one slice");
+
+// Blocks of a c128_kernel launch: one per event and 64-channel slice.
+inline int64_t c128_blocks(int64_t events, int hd) { return events * (hd / kC128Ch); }
 
 // Resident blocks per multiprocessor the pooling kernels are compiled for (register budget):
 // tuning knobs, measured on the H200 (benchmarks/bench_compress.py).
@@ -72,94 +77,124 @@ static_assert(2 * kC128Lanes == kLaneGroup, "a lane group holds two row groups o
 #define DSV4_COMPRESS_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
 #endif
 
-// ---- 4-channel vector accesses ---------------------------------------------------------------
+// ---- channel vector accesses ------------------------------------------------------------------
 
-// Raw 4-channel vector of element type T as it sits in memory: float4 (fp32) / uint2 (bf16).
-template <typename T>
-struct Raw4;
+// Raw V-channel vector of element type T as it sits in memory (V = 4: 16-byte fp32 / 8-byte
+// bf16; V = 2: 8-byte fp32 / 4-byte bf16).
+template <typename T, int V>
+struct RawVec;
 template <>
-struct Raw4<float> {
+struct RawVec<float, 4> {
   using type = float4;
 };
 template <>
-struct Raw4<uint16_t> {
+struct RawVec<float, 2> {
+  using type = float2;
+};
+template <>
+struct RawVec<uint16_t, 4> {
   using type = uint2;
 };
+template <>
+struct RawVec<uint16_t, 2> {
+  using type = uint32_t;
+};
 
-DSV4_DEVICE void unpack4(const float4 t, float (&v)[4]) {
+DSV4_DEVICE void unpack(const float4 t, float (&v)[4]) {
   v[0] = t.x;
   v[1] = t.y;
   v[2] = t.z;
   v[3] = t.w;
 }
-
-DSV4_DEVICE void unpack4(const uint2 t, float (&v)[4]) {
-  v[0] = bf16_to_f32(uint16_t(t.x & 0xffffu));
-  v[1] = bf16_to_f32(uint16_t(t.x >> 16));
-  v[2] = bf16_to_f32(uint16_t(t.y & 0xffffu));
-  v[3] = bf16_to_f32(uint16_t(t.y >> 16));
+DSV4_DEVICE void unpack(const float2 t, float (&v)[2]) {
+  v[0] = t.x;
+  v[1] = t.y;
+}
+// 16-bit floats: bf16, or fp16 with kF16 (only ape may be fp16).
+template <bool kF16 = false>
+DSV4_DEVICE float half_to_f32(uint32_t bits) {
+  return kF16 ? f16_to_f32(uint16_t(bits & 0xffffu)) : bf16_to_f32(uint16_t(bits & 0xffffu));
+}
+template <bool kF16 = false>
+DSV4_DEVICE void unpack(const uint32_t t, float (&v)[2]) {
+  v[0] = half_to_f32<kF16>(t);
+  v[1] = half_to_f32<kF16>(t >> 16);
+}
+template <bool kF16 = false>
+DSV4_DEVICE void unpack(const uint2 t, float (&v)[4]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t w = i == 0 ? t.x : t.y;
+    v[2 * i] = half_to_f32<kF16>(w);
+    v[2 * i + 1] = half_to_f32<kF16>(w >> 16);
+  }
 }
 
 // fp32 values as the raw vector of the element type of `tag` (bf16: RNE).
-DSV4_DEVICE float4 pack4(const float (&v)[4], const float*) { return make_float4(v[0], v[1], v[2], v[3]); }
-DSV4_DEVICE uint2 pack4(const float (&v)[4], const uint16_t*) {
-  uint2 t;
-  t.x = bf16x2_bits(v[0], v[1]);
-  t.y = bf16x2_bits(v[2], v[3]);
-  return t;
+DSV4_DEVICE float4 pack(const float (&v)[4], const float*) { return make_float4(v[0], v[1], v[2], v[3]); }
+DSV4_DEVICE float2 pack(const float (&v)[2], const float*) { return make_float2(v[0], v[1]); }
+DSV4_DEVICE uint32_t pack(const float (&v)[2], const uint16_t*) { return bf16x2_bits(v[0], v[1]); }
+DSV4_DEVICE uint2 pack(const float (&v)[4], const uint16_t*) {
+  return make_uint2(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]));
 }
 
-template <typename T>
-DSV4_DEVICE void load4(const T* p, float (&v)[4]) {
-  unpack4(*reinterpret_cast<const typename Raw4<T>::type*>(p), v);
+template <typename T, int V>
+DSV4_DEVICE void load_vec(const T* p, float (&v)[V]) {
+  unpack(*reinterpret_cast<const typename RawVec<T, V>::type*>(p), v);
 }
 
-template <typename T>
-DSV4_DEVICE void store4(T* p, const float (&v)[4]) {
-  *reinterpret_cast<typename Raw4<T>::type*>(p) = pack4(v, p);
-}
-
-DSV4_DEVICE void unpack_f16x4(const uint2 t, float (&v)[4]) {
-  v[0] = f16_to_f32(uint16_t(t.x & 0xffffu));
-  v[1] = f16_to_f32(uint16_t(t.x >> 16));
-  v[2] = f16_to_f32(uint16_t(t.y & 0xffffu));
-  v[3] = f16_to_f32(uint16_t(t.y >> 16));
+template <typename T, int V>
+DSV4_DEVICE void store_vec(T* p, const float (&v)[V]) {
+  *reinterpret_cast<typename RawVec<T, V>::type*>(p) = pack(v, p);
 }
 
 // ape[i .. i+3] of a runtime-typed [win, hd] table.
 DSV4_DEVICE void load_ape4(const void* ape, int32_t type, int64_t i, float (&v)[4]) {
   if (type == kApeF32) {
-    load4(static_cast<const float*>(ape) + i, v);
+    load_vec(static_cast<const float*>(ape) + i, v);
     return;
   }
   const uint2 t = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(ape) + i);
   if (type == kApeBF16)
-    unpack4(t, v);
+    unpack(t, v);
   else
-    unpack_f16x4(t, v);
+    unpack<true>(t, v);
 }
 
-DSV4_DEVICE void store_out4(void* out, int32_t type, int64_t i, const float (&v)[4]) {
+template <int V>
+DSV4_DEVICE void store_out_vec(void* out, int32_t type, int64_t i, const float (&v)[V]) {
   if (type == kOutF32)
-    store4(static_cast<float*>(out) + i, v);
+    store_vec(static_cast<float*>(out) + i, v);
   else
-    store4(static_cast<uint16_t*>(out) + i, v);
+    store_vec(static_cast<uint16_t*>(out) + i, v);
 }
 
-template <typename T>
-DSV4_DEVICE void round4(float (&v)[4]) {
+template <typename T, int V>
+DSV4_DEVICE void round_vec(float (&v)[V]) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = round_to(static_cast<const T*>(nullptr), v[j]);
+  for (int j = 0; j < V; ++j) v[j] = round_to(static_cast<const T*>(nullptr), v[j]);
+}
+
+// Raw vector of T whose every element reads as `bits` (fp32 bits; bf16: the upper half).
+template <typename T, int V>
+DSV4_DEVICE typename RawVec<T, V>::type splat_raw(uint32_t bits) {
+  using R = typename RawVec<T, V>::type;
+  const uint32_t word = std::is_same<T, float>::value ? bits : ((bits >> 16) * 0x10001u);
+  R r;
+#pragma unroll
+  for (int i = 0; i < int(sizeof(R) / 4); ++i) reinterpret_cast<uint32_t*>(&r)[i] = word;
+  return r;
 }
 
 // Window rows are read once per call: streaming (evict-first) loads on CUDA. `on` false:
-// no memory access, zeros. Written so that the compiler predicates the load instead of
+// no memory access, `fill`. Written so that the compiler predicates the load instead of
 // branching around it: every row's loads of a thread then go out back to back, before any
 // value is used (a branch per row served one memory round trip per row on the H200).
-template <typename T>
-DSV4_DEVICE typename Raw4<T>::type load_raw_if(bool on, const T* p) {
-  using R = typename Raw4<T>::type;
-  R v{};
+template <typename T, int V>
+DSV4_DEVICE typename RawVec<T, V>::type load_raw_if(bool on, const T* p,
+                                                    typename RawVec<T, V>::type fill) {
+  using R = typename RawVec<T, V>::type;
+  R v = fill;
   if (on) {
 #if defined(DSV4_HIP)
     v = *reinterpret_cast<const R*>(p);
@@ -170,30 +205,32 @@ DSV4_DEVICE typename Raw4<T>::type load_raw_if(bool on, const T* p) {
   return v;
 }
 
-// Rows u with on[u] of one source, unpacked into kv / z; the other rows get zeros (kKeep
-// false) or keep their values (kKeep true). The loads of a pass go out before any value is
-// used; kKeep (the second source of a mixed-dtype window, rare) runs in passes of 2 rows to
-// stay inside the register budget.
-template <bool kKeep, typename T, int U>
+// Rows u with on[u] of one source, unpacked into kv / z; the other rows get kv 0 and the
+// score kAbsentScore (kKeep false) or keep their values (kKeep true). The loads of a pass go
+// out before any value is used; kKeep (the second source of a mixed-dtype window, rare) runs
+// in passes of 2 rows to stay inside the register budget.
+template <bool kKeep, typename T, int U, int V>
 DSV4_DEVICE void load_rows_from(const bool (&on)[U], const T* const (&p)[U], int64_t sc_off,
-                                float (&kv)[U][4], float (&z)[U][4]) {
+                                float (&kv)[U][V], float (&z)[U][V]) {
+  using R = typename RawVec<T, V>::type;
   constexpr int kPass = (kKeep && U > 2) ? 2 : U;
+  const R zero = splat_raw<T, V>(0u), absent = splat_raw<T, V>(f32_bits(kAbsentScore));
 #pragma unroll
   for (int u0 = 0; u0 < U; u0 += kPass) {
-    typename Raw4<T>::type rk[kPass], rs[kPass];
+    R rk[kPass], rs[kPass];
 #pragma unroll
     for (int u = 0; u < kPass; ++u) {
-      rk[u] = load_raw_if(on[u0 + u], p[u0 + u]);
-      rs[u] = load_raw_if(on[u0 + u], p[u0 + u] + sc_off);
+      rk[u] = load_raw_if<T, V>(on[u0 + u], p[u0 + u], zero);
+      rs[u] = load_raw_if<T, V>(on[u0 + u], p[u0 + u] + sc_off, absent);
     }
 #pragma unroll
     for (int u = 0; u < kPass; ++u) {
-      float k[4], sc[4];
-      unpack4(rk[u], k);
-      unpack4(rs[u], sc);
+      float k[V], sc[V];
+      unpack(rk[u], k);
+      unpack(rs[u], sc);
       const bool keep = kKeep && !on[u0 + u];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < V; ++j) {
         kv[u0 + u][j] = keep ? kv[u0 + u][j] : k[j];
         z[u0 + u][j] = keep ? z[u0 + u][j] : sc[j];
       }
@@ -201,32 +238,39 @@ DSV4_DEVICE void load_rows_from(const bool (&on)[U], const T* const (&p)[U], int
   }
 }
 
-// U window rows of one thread, unpacked to fp32: row u is a state row at sp[u] (fs[u]), an
-// input row at ip[u] (fi[u]) or absent (kv 0; the caller marks its logit absent); the kv
-// values sit at the pointer, the scores sc_off elements further.
-//   TS == TI: one predicated load pair per row (a select picks the source).
+// U window rows of one thread, unpacked to fp32: row u is a state row (fs[u]), an input row
+// (fi[u]) or absent (kv 0, score kAbsentScore). Both sources hold row u at the same offset
+// off[u] (compile-time constants after unrolling) from their base, sb[u] for the state and
+// ib for the input, so that a row's source is a select of two bases and its loads take the
+// offset as an immediate; the kv values sit there, the scores sc_off elements further.
+//   TS == TI: one predicated load pair per row (no select where fi is a compile-time false,
+//   as in decode windows).
 //   Mixed dtypes: the input rows, then the state rows behind a branch that a thread takes
 //   only if it has state rows (decode windows: state rows only, known from fi). Holding
 //   both raw sets at once spilled the cr = 128 kernel.
-template <typename TS, typename TI, int U>
-DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* const (&sp)[U],
-                           const TI* const (&ip)[U], int64_t sc_off, float (&kv)[U][4],
-                           float (&z)[U][4]) {
+template <typename TS, typename TI, int U, int V>
+DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* const (&sb)[U],
+                           const TI* ib, const int64_t (&off)[U], int64_t sc_off,
+                           float (&kv)[U][V], float (&z)[U][V]) {
   if constexpr (std::is_same<TS, TI>::value) {
     bool on[U];
     const TS* q[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       on[u] = fs[u] || fi[u];
-      q[u] = fs[u] ? sp[u] : ip[u];
+      q[u] = (fi[u] ? ib : sb[u]) + off[u];
     }
     load_rows_from<false>(on, q, sc_off, kv, z);
   } else {
     bool any_s = false, any_i = false;
+    const TS* sp[U];
+    const TI* ip[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       any_s = any_s || fs[u];
       any_i = any_i || fi[u];
+      sp[u] = sb[u] + off[u];
+      ip[u] = ib + off[u];
     }
     if (!any_i) {
       load_rows_from<false>(fs, sp, sc_off, kv, z);
@@ -237,42 +281,45 @@ DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* c
   }
 }
 
-// ape rows r0 .. r0+U-1 at channels c..c+3 of a runtime-typed [win, kHd] table (one uniform
+// ape rows r0 .. r0+U-1 at channels c..c+V-1 of a runtime-typed [win, kHd] table (one uniform
 // branch for all rows, so that the loads go out together).
-template <int U, int kHd>
-DSV4_DEVICE void load_ape_rows(const void* ape, int32_t type, int r0, int c, float (&a)[U][4]) {
+template <int U, int V, int kHd>
+DSV4_DEVICE void load_ape_rows(const void* ape, int32_t type, int r0, int c, float (&a)[U][V]) {
   const int64_t i0 = int64_t(r0) * kHd + c;
   if (type == kApeF32) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) load4(static_cast<const float*>(ape) + i0 + u * kHd, a[u]);
+    for (int u = 0; u < U; ++u) load_vec(static_cast<const float*>(ape) + i0 + u * kHd, a[u]);
     return;
   }
-  uint2 t[U];
+  using R = typename RawVec<uint16_t, V>::type;
+  R t[U];
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    t[u] = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(ape) + i0 + u * kHd);
+    t[u] = *reinterpret_cast<const R*>(static_cast<const uint16_t*>(ape) + i0 + u * kHd);
   if (type == kApeBF16) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) unpack4(t[u], a[u]);
+    for (int u = 0; u < U; ++u) unpack(t[u], a[u]);
   } else {
 #pragma unroll
-    for (int u = 0; u < U; ++u) unpack_f16x4(t[u], a[u]);
+    for (int u = 0; u < U; ++u) unpack<true>(t[u], a[u]);
   }
 }
 
-// z <- score + ape for a present row (clamped: a huge negative ape must not make it -inf,
-// which would give inf - inf later); -FLT_MAX for an absent row (kv is 0 there), which
-// softmax_of weighs 0.
-DSV4_DEVICE void logits(bool present, const float (&a)[4], float (&z)[4]) {
+// Logits: z <- score + ape. Absent rows stay at most kAbsentScore + ape (weight 0 next to
+// any present row, see softmax_of), so no per-row select is needed.
+template <int U, int V>
+DSV4_DEVICE void add_ape(const float (&a)[U][V], float (&z)[U][V]) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) z[j] = present ? fmaxf(z[j] + a[j], -FLT_MAX) : -FLT_MAX;
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int j = 0; j < V; ++j) z[u][j] += a[u][j];
 }
 
 // Softmax states of U loaded rows, one per channel of the thread.
-template <int U>
-DSV4_DEVICE void fold_window(SoftmaxState (&acc)[4], const float (&z)[U][4], const float (&kv)[U][4]) {
+template <int U, int V>
+DSV4_DEVICE void fold_window(SoftmaxState (&acc)[V], const float (&z)[U][V], const float (&kv)[U][V]) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < V; ++j) {
     float zj[U], kj[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -292,13 +339,15 @@ DSV4_DEVICE void fold_window(SoftmaxState (&acc)[4], const float (&z)[U][4], con
 // kHd (128 / 512) is a template parameter so that every row offset is a constant.
 template <typename TS, typename TI, bool kDecode, int kHd>
 __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
-  constexpr int kLanes = kHd / kVec;  // threads of one event: 32 (hd 128) / 128 (hd 512)
+  constexpr int V = kVec;
+  constexpr int kLanes = kHd / V;  // threads of one event: 32 (hd 128) / 128 (hd 512)
   constexpr int64_t kRow = 4 * int64_t(kHd);  // input and state rows
   static_assert(kC4Block % kLanes == 0, "events tile a block");
+  using RawIn = typename RawVec<TI, V>::type;
   pdl_wait();
   const int t = int(threadIdx.x);
   const int64_t e = int64_t(blockIdx.x) * (kC4Block / kLanes) + t / kLanes;
-  const int c = (t % kLanes) * kVec;
+  const int c = (t % kLanes) * V;
   const bool active = e < p.num_records;
 
   TS* st = static_cast<TS*>(p.state);
@@ -317,71 +366,73 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
       d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 4);
     }
   }
-  const WindowRows w = resolve_rows(d, 4, p.num_state_rows, p.num_in_rows);
+  const WindowRows w = kDecode ? resolve_state_rows(d, 4, p.num_state_rows)
+                               : resolve_rows(d, 4, p.num_state_rows, p.num_in_rows);
 
   // Decode: quarters 0..3 of input row e at c..c+3, state-rounded.
-  typename Raw4<TI>::type cpr[4];
+  RawIn cpr[4];
   if constexpr (kDecode) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cpr[q] = load_raw_if(copy, in + e * kRow + q * kHd + c);
+    for (int q = 0; q < 4; ++q) cpr[q] = load_raw_if<TI, V>(copy, in + e * kRow + q * kHd + c, RawIn{});
   }
 
-  // Row r: input row in_base + r, or row r & 3 of page0 (r < 4) / page1.
-  const TI* in_r0 = in + (w.in_base * kRow + c);
-  const TS* st_pg0 = st + ((w.page0_ok ? w.page0 : 0) * 4 * kRow + c);
-  const TS* st_pg1 = st + ((w.page1_ok ? w.page1 : 0) * 4 * kRow + c);
+  // Row r: input row in_base + r, or slot r & 3 of page0 (r < 4) / page1 (r >= 4). Both
+  // sources hold row r at the same constant offset r * kRow + kv_offset from their base (the
+  // page1 base is taken one page early), so a row's source is a select of two bases.
+  const TI* in_b = in + (int64_t(w.in_base) * kRow + c);
+  const TS* st_b0 = st + (int64_t(w.page0_ok ? w.page0 : 0) * (4 * kRow) + c);
+  const TS* st_b1 = st + ((int64_t(w.page1_ok ? w.page1 : 1) - 1) * (4 * kRow) + c);
   bool fs[8], fi[8];
-  const TS* sp[8];
-  const TI* ip[8];
+  const TS* sb[8];
+  int64_t off[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
-    const int64_t off = kv_offset(4, kHd, r);
     fs[r] = row_from_state(w, 4, r);
     fi[r] = !kDecode && row_from_input(w, r);  // decode windows are all state rows
-    sp[r] = (r < 4 ? st_pg0 : st_pg1) + (r & 3) * kRow + off;
-    ip[r] = in_r0 + r * kRow + off;
+    sb[r] = r < 4 ? st_b0 : st_b1;
+    off[r] = r * kRow + kv_offset(4, kHd, r);
   }
   // Scores sit 2 * hd after their kv values in both halves (score_ovl / score, SPEC 1.1).
-  float z[8][4], kv[8][4];
-  load_rows(fs, fi, sp, ip, 2 * kHd, kv, z);
-  float a[8][4];
-  load_ape_rows<8, kHd>(p.ape, p.ape_type, 0, c, a);
+  float z[8][V], kv[8][V];
+  load_rows(fs, fi, sb, in_b, off, 2 * kHd, kv, z);
+  float a[8][V];
+  load_ape_rows<8, V, kHd>(p.ape, p.ape_type, 0, c, a);
 
-  float cp[4][4];
+  float cp[4][V];
   if constexpr (kDecode) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      unpack4(cpr[q], cp[q]);
-      round4<TS>(cp[q]);
+      unpack(cpr[q], cp[q]);
+      round_vec<TS>(cp[q]);
     }
-  }
-  // Slot offsets of the written row inside page0 / page1 (decode: pooled from registers).
-  const int64_t rw0 = wl - w.page0 * 4, rw1 = wl - w.page1 * 4;
+    // Slot offsets of the written row inside page0 / page1 (pooled from registers).
+    const int64_t rw0 = wl - int64_t(w.page0) * 4, rw1 = wl - int64_t(w.page1) * 4;
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    if (kDecode && copy && fs[r] && (r < 4 ? rw0 : rw1) == (r & 3)) {
+    for (int r = 0; r < 8; ++r) {
+      if (copy && fs[r] && (r < 4 ? rw0 : rw1) == (r & 3)) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        kv[r][j] = cp[r < 4 ? 0 : 1][j];
-        z[r][j] = cp[r < 4 ? 2 : 3][j];
+        for (int j = 0; j < V; ++j) {
+          kv[r][j] = cp[r < 4 ? 0 : 1][j];
+          z[r][j] = cp[r < 4 ? 2 : 3][j];
+        }
       }
     }
-    logits(fs[r] || fi[r], a[r], z[r]);
   }
+  add_ape(a, z);
   pdl_trigger();
   if (!active) return;
 
-  SoftmaxState acc[4];
-  fold_window<8>(acc, z, kv);
-  float res[4];
+  SoftmaxState acc[V];
+  fold_window<8, V>(acc, z, kv);
+  float res[V];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) res[j] = softmax_value(acc[j]);
-  store_out4(p.out, p.out_type, e * kHd + c, res);
+  for (int j = 0; j < V; ++j) res[j] = softmax_value(acc[j]);
+  store_out_vec(p.out, p.out_type, e * kHd + c, res);
 
   if constexpr (kDecode) {
     if (copy) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) store4(st + wl * kRow + q * kHd + c, cp[q]);
+      for (int q = 0; q < 4; ++q) store_vec(st + wl * kRow + q * kHd + c, cp[q]);
     }
   }
 }
@@ -396,17 +447,23 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
 //   at read_page_0 (p.out is null).
 template <typename TS, typename TI, int kMode, int kHd>
 __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kernel(const Params p) {
-  alignas(16) __shared__ float part[3][kC128Parts][kC128Ch];
+  constexpr int V = kC128Vec, U = kC128Rows;
+  alignas(16) __shared__ float part[3][kC128RowGroups][kC128Ch];
   constexpr int64_t kInRow = 2 * int64_t(kHd);
   constexpr int64_t kStRow = kMode == kModeOnline ? 3 * int64_t(kHd) : kInRow;
+  using RawIn = typename RawVec<TI, V>::type;
+  using RawSt = typename RawVec<TS, V>::type;
 
   pdl_wait();
-  const int64_t e = blockIdx.x;
+  // Channel slices minor (c128_blocks): the kHd / 64 blocks of an event run side by side and
+  // read its rows whole, which keeps DRAM pages and TLB entries shared.
+  constexpr int kSlices = kHd / kC128Ch;
+  const int64_t e = blockIdx.x / kSlices;
   const int t = int(threadIdx.x);
-  const int g = t / kC128Lanes;  // row group: window rows 4g .. 4g+3
+  const int g = t / kC128Lanes;  // row group: window rows U*g .. U*g+U-1
   const int lane = t % kC128Lanes;
-  const int c0 = int(blockIdx.y) * kC128Ch;
-  const int c = c0 + lane * kVec;
+  const int c0 = int(blockIdx.x % kSlices) * kC128Ch;
+  const int c = c0 + lane * V;
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
@@ -424,99 +481,97 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     wl = rec.write_loc;
     copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
     // Window row of the written slot (-1: not in this window): its row group copies.
-    if (d.hi > 0 && d.page1 >= 0 && d.page1 < p.num_state_rows / 128) {
-      const int64_t o = wl - d.page1 * 128;
+    if (d.hi > 0 && d.page1 >= 0 && d.page1 < num_pages(p.num_state_rows, 128)) {
+      const int64_t o = wl - int64_t(d.page1) * 128;
       rw = (o >= 0 && o < 128) ? int32_t(o) : -1;
     }
   } else {
     seg = online_segment(reinterpret_cast<const CompressPlan*>(p.plan)[e]);
     d = seg.win;
   }
-  const bool copier = kMode == kModeDecode && copy && g == (rw >= 0 ? rw / kC128Rows : 0);
-  // Decode: input row e at channels c..c+3 (kv, score) as the state stores it.
-  typename Raw4<TI>::type ckr{}, csr{};
+  const bool copier = kMode == kModeDecode && copy && g == (rw >= 0 ? rw / U : 0);
+  // Decode: input row e at channels c..c+V-1 (kv, score) as the state stores it.
+  RawIn ckr{}, csr{};
   if constexpr (kMode == kModeDecode) {
-    ckr = load_raw_if(copier, in + e * kInRow + c);
-    csr = load_raw_if(copier, in + e * kInRow + kHd + c);
+    ckr = load_raw_if<TI, V>(copier, in + e * kInRow + c, RawIn{});
+    csr = load_raw_if<TI, V>(copier, in + e * kInRow + kHd + c, RawIn{});
   }
-  const WindowRows w = resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
+  const WindowRows w = kMode == kModeDecode ? resolve_state_rows(d, 128, p.num_state_rows)
+                                            : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
   // The copy's values held in the state's element type (fewer registers for a bf16 state).
-  const auto copy_row = [&](typename Raw4<TS>::type& ck, typename Raw4<TS>::type& cs) {
-    float v[4];
-    unpack4(ckr, v);
-    ck = pack4(v, st);
-    unpack4(csr, v);
-    cs = pack4(v, st);
+  const auto copy_row = [&](RawSt& ck, RawSt& cs) {
+    float v[V];
+    unpack(ckr, v);
+    ck = pack(v, st);
+    unpack(csr, v);
+    cs = pack(v, st);
   };
-  const auto store_copy = [&](const typename Raw4<TS>::type& ck, const typename Raw4<TS>::type& cs) {
-    *reinterpret_cast<typename Raw4<TS>::type*>(st + wl * kStRow + c) = ck;
-    *reinterpret_cast<typename Raw4<TS>::type*>(st + wl * kStRow + kHd + c) = cs;
+  const auto store_copy = [&](const RawSt& ck, const RawSt& cs) {
+    *reinterpret_cast<RawSt*>(st + wl * kStRow + c) = ck;
+    *reinterpret_cast<RawSt*>(st + wl * kStRow + kHd + c) = cs;
   };
 
   if (kMode != kModeOnline && window_empty(w, 128)) {
-    // Nothing to pool (a decode step that closes no window): zeros, and the copy. Uniform
-    // across the block, so no thread is left waiting at the barrier below.
+    // Nothing to pool (a decode step that closes none): zeros, and the copy. Uniform across
+    // the block, so no thread is left waiting at the barrier below.
     if (t < kC128Ch) store_out(p.out, p.out_type, e * kHd + c0 + t, 0.0f);
     if (copier) {
-      typename Raw4<TS>::type ck, cs;
+      RawSt ck, cs;
       copy_row(ck, cs);
       store_copy(ck, cs);
     }
     return;
   }
 
-  // Row r = 4g + u: input row in_base + r, or row r of page1.
-  const TI* in_g = in + ((w.in_base + g * kC128Rows) * kInRow + c);
-  const TS* st_g = st + (((w.page1_ok ? w.page1 : 0) * 128 + g * kC128Rows) * kStRow + c);
-  bool fs[kC128Rows], fi[kC128Rows];
-  const TS* sp[kC128Rows];
-  const TI* ip[kC128Rows];
+  // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
+  // from their base (online windows have no state rows, whose stride differs).
+  const TI* in_g = in + ((int64_t(w.in_base) + g * U) * kInRow + c);
+  const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
+  bool fs[U], fi[U];
+  const TS* sb[U];
+  int64_t off[U];
 #pragma unroll
-  for (int u = 0; u < kC128Rows; ++u) {
-    fs[u] = row_from_state(w, 128, g * kC128Rows + u);
-    fi[u] = kMode != kModeDecode && row_from_input(w, g * kC128Rows + u);  // decode: all state
-    sp[u] = st_g + u * kStRow;
-    ip[u] = in_g + u * kInRow;
+  for (int u = 0; u < U; ++u) {
+    // A closing cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so
+    // past the empty-window exit every decode row is a state row: no per-row predicate.
+    fs[u] = kMode == kModeDecode || (kMode == kModePrefill && row_from_state(w, 128, g * U + u));
+    fi[u] = kMode != kModeDecode && row_from_input(w, g * U + u);
+    sb[u] = st_g;
+    off[u] = u * kInRow;
   }
-  float z[kC128Rows][4], kv[kC128Rows][4];
-  load_rows(fs, fi, sp, ip, kHd, kv, z);
-  float a[kC128Rows][4];
-  load_ape_rows<kC128Rows, kHd>(p.ape, p.ape_type, g * kC128Rows, c, a);
+  float z[U][V], kv[U][V];
+  load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
+  float a[U][V];
+  load_ape_rows<U, V, kHd>(p.ape, p.ape_type, g * U, c, a);
 
-  typename Raw4<TS>::type ck{}, cs{};
-  if constexpr (kMode == kModeDecode) copy_row(ck, cs);
+  RawSt ck{}, cs{};
+  if constexpr (kMode == kModeDecode) {
+    copy_row(ck, cs);
 #pragma unroll
-  for (int u = 0; u < kC128Rows; ++u) {
-    if (kMode == kModeDecode && copier && fs[u] && g * kC128Rows + u == rw) {
-      unpack4(ck, kv[u]);
-      unpack4(cs, z[u]);
+    for (int u = 0; u < U; ++u) {
+      if (copier && fs[u] && g * U + u == rw) {
+        unpack(ck, kv[u]);
+        unpack(cs, z[u]);
+      }
     }
-    logits(fs[u] || fi[u], a[u], z[u]);
   }
+  add_ape(a, z);
   pdl_trigger();
 
-  SoftmaxState acc[4];
-  fold_window<kC128Rows>(acc, z, kv);
-  // Row groups 2k and 2k+1 share a lane group: merge them (same order in both halves).
+  // One partial state per row group and channel; the merge below combines the row groups.
+  SoftmaxState acc[V];
+  fold_window<U, V>(acc, z, kv);
+  {
+    float m[V], sum[V], acc_a[V];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const SoftmaxState o{shfl_xor(acc[j].m, kC128Lanes), shfl_xor(acc[j].s, kC128Lanes),
-                         shfl_xor(acc[j].a, kC128Lanes)};
-    SoftmaxState lo = (g & 1) ? o : acc[j];
-    softmax_merge(lo, (g & 1) ? acc[j] : o);
-    acc[j] = lo;
-  }
-  if ((g & 1) == 0) {
-    float m4[4], s4[4], a4[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      m4[j] = acc[j].m;
-      s4[j] = acc[j].s;
-      a4[j] = acc[j].a;
+    for (int j = 0; j < V; ++j) {
+      m[j] = acc[j].m;
+      sum[j] = acc[j].s;
+      acc_a[j] = acc[j].a;
     }
-    store4(&part[0][g / 2][lane * kVec], m4);
-    store4(&part[1][g / 2][lane * kVec], s4);
-    store4(&part[2][g / 2][lane * kVec], a4);
+    store_vec(&part[0][g][lane * V], m);
+    store_vec(&part[1][g][lane * V], sum);
+    store_vec(&part[2][g][lane * V], acc_a);
   }
   __syncthreads();
 
@@ -526,10 +581,10 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     // Merge of the partial states: the common max first, then independent rescales.
     float M = -FLT_MAX;
 #pragma unroll
-    for (int k = 0; k < kC128Parts; ++k) M = fmaxf(M, part[0][k][cc]);
+    for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
     float S = 0.0f, A = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kC128Parts; ++k) {
+    for (int k = 0; k < kC128RowGroups; ++k) {
       const float f = fexp(part[0][k][cc] - M);
       S = fmaf(part[1][k][cc], f, S);
       A = fmaf(part[2][k][cc], f, A);
@@ -591,15 +646,15 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
     if (q != 0 && rp0 >= 0 && rp0 < p.num_state_rows) {
       float m[4], S[4], K[4];
       const TS* r = st + rp0 * st_row;
-      load4(r + c, m);
-      load4(r + hd + c, S);
-      load4(r + 2 * int64_t(hd) + c, K);
+      load_vec(r + c, m);
+      load_vec(r + hd + c, S);
+      load_vec(r + 2 * int64_t(hd) + c, K);
 #pragma unroll
       for (int j = 0; j < 4; ++j) s[j] = from_online(m[j], S[j], K[j]);
     }
     float kv[1][4], z[1][4], a[4];
-    load4(in + b * in_row + c, kv[0]);
-    load4(in + b * in_row + hd + c, z[0]);
+    load_vec(in + b * in_row + c, kv[0]);
+    load_vec(in + b * in_row + hd + c, z[0]);
     load_ape4(p.ape, p.ape_type, int64_t(q) * hd + c, a);
 #pragma unroll
     for (int j = 0; j < 4; ++j) z[0][j] += a[j];
@@ -623,14 +678,14 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
           K[j] = softmax_value(s[j]);
         }
         TS* w = st + wl * st_row;
-        store4(w + c, m);
-        store4(w + hd + c, S);
-        store4(w + 2 * int64_t(hd) + c, K);
+        store_vec(w + c, m);
+        store_vec(w + hd + c, S);
+        store_vec(w + 2 * int64_t(hd) + c, K);
       }
     }
   }
   pdl_trigger();
-  store_out4(p.out, p.out_type, b * hd + c, res);
+  store_out_vec(p.out, p.out_type, b * hd + c, res);
 }
 
 // ---- offline prefill writes -------------------------------------------------------------------
@@ -664,12 +719,12 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p
     if (!is_valid(w) || src >= p.num_in_rows || dst < 0 || dst >= p.num_state_rows) continue;
     const TI* from = in + src * kRow + lane * kVec;
     TS* to = st + dst * kRow + lane * kVec;
-    float x[kPerLane][4];
+    float x[kPerLane][kVec];
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) load4(from + i * kLaneGroup * kVec, x[i]);
+    for (int i = 0; i < kPerLane; ++i) load_vec(from + i * kLaneGroup * kVec, x[i]);
     pdl_wait();  // returns at once after the first time
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) store4(to + i * kLaneGroup * kVec, x[i]);
+    for (int i = 0; i < kPerLane; ++i) store_vec(to + i * kLaneGroup * kVec, x[i]);
   }
   pdl_trigger();
 }

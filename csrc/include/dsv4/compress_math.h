@@ -4,7 +4,7 @@
 // row feeds window row r, which rows are absent, the chunked safe-softmax fold, the merge of
 // partial softmax states and the online running-state conversions. Only the fp32 summation
 // order differs between backends: the CPU folds cr = 128 windows as 8 groups of 16 rows in
-// chunks of 4 (compress_cpu.cpp); the GPU folds 4 rows per thread and merges 32 partial
+// chunks of 4 (compress_cpu.cpp); the GPU folds 8 rows per thread and merges 16 partial
 // states (and uses the hardware exponential), so the backends agree to fp32 rounding, not
 // bit for bit.
 //
@@ -87,7 +87,7 @@ DSV4_HD float round_to(const uint16_t*, float v) { return round_to_bf16(v); }
 
 // ---- geometry ---------------------------------------------------------------------------------
 
-constexpr int kVec = 4;             // channels per GPU thread (16-byte fp32 / 8-byte bf16 loads)
+constexpr int kVec = 4;  // channels per GPU thread of the cr = 4, online decode and row-copy kernels
 
 // Elements of one kv_score input / offline state row.
 DSV4_HD int64_t input_row_elems(int cr, int hd) { return cr == 4 ? 4 * int64_t(hd) : 2 * int64_t(hd); }
@@ -105,13 +105,15 @@ DSV4_HD int64_t score_offset(int cr, int hd, int r) {
 }
 
 // Where the rows of one pooling window come from.
-//   rows r in [lo, hi) may be present (outside: absent = score -FLT_MAX, kv 0, weight 0);
+//   rows r in [lo, hi) may be present (outside: absent, weight 0);
 //   r < bl: state buffer (cr = 4: r < 4 row r of page0, r >= 4 row r-4 of page1;
 //           cr = 128: row r of page1); r >= bl: ragged input row in_base + r.
 // Sources out of range (negative or past the buffer) are absent as well.
+// All fields are 32-bit: ragged ids are 16-bit and pages come from int32 plan fields, so the
+// kernels resolve a window without 64-bit arithmetic (addresses are formed in 64 bits).
 struct WindowDesc {
-  int64_t in_base;
-  int64_t page0, page1;
+  int32_t in_base;  // ragged row of window row 0 (negative near the start of the input)
+  int32_t page0, page1;
   int32_t lo, hi, bl;
 };
 
@@ -122,31 +124,48 @@ struct WindowDesc {
 //                        cr = 128: row r of page1; present only if that page is in the buffer.
 // Every other row is absent (the two ranges never overlap).
 struct WindowRows {
-  int64_t in_base, page0, page1;
+  int32_t in_base, page0, page1;
   int32_t in_lo, in_hi, st_lo, st_hi;
   bool page0_ok, page1_ok;
 };
 
-DSV4_HD int64_t clamp_rows(int64_t v, int32_t win) { return v < 0 ? 0 : (v > win ? win : v); }
+DSV4_HD int32_t max_i32(int32_t a, int32_t b) { return a > b ? a : b; }
+DSV4_HD int32_t min_i32(int32_t a, int32_t b) { return a < b ? a : b; }
 
-DSV4_HD WindowRows resolve_rows(const WindowDesc& d, int cr, int64_t num_state_rows,
-                                int64_t num_in_rows) {
-  const int32_t win = window_of(cr);
+// Pages of cr slots in a state buffer of num_state_rows flat rows, saturated to int32 (a page
+// index beyond it is out of range either way).
+DSV4_HD int32_t num_pages(int64_t num_state_rows, int cr) {
+  const int64_t pages = num_state_rows / cr;
+  return pages > 0x7fffffff ? 0x7fffffff : int32_t(pages);
+}
+
+// The state part of a window: rows [st_lo, st_hi) and the pages' range checks. No input rows
+// (decode windows have none; resolve_rows adds them).
+DSV4_HD WindowRows resolve_state_rows(const WindowDesc& d, int cr, int64_t num_state_rows) {
   WindowRows w;
   w.in_base = d.in_base;
   w.page0 = d.page0;
   w.page1 = d.page1;
-  const int64_t pages = num_state_rows / cr;
+  const int32_t pages = num_pages(num_state_rows, cr);
   w.page0_ok = d.page0 >= 0 && d.page0 < pages;
   w.page1_ok = d.page1 >= 0 && d.page1 < pages;
   w.st_lo = d.lo;
   w.st_hi = d.hi < d.bl ? d.hi : d.bl;
-  // Input rows: max(lo, bl) <= r < hi and 0 <= in_base + r < num_in_rows.
-  int64_t lo = d.lo > d.bl ? d.lo : d.bl, hi = d.hi;
-  if (lo < -d.in_base) lo = -d.in_base;
-  if (hi > num_in_rows - d.in_base) hi = num_in_rows - d.in_base;
-  w.in_lo = int32_t(clamp_rows(lo, win));
-  w.in_hi = int32_t(clamp_rows(hi > lo ? hi : lo, win));
+  w.in_lo = 0;
+  w.in_hi = 0;
+  return w;
+}
+
+DSV4_HD WindowRows resolve_rows(const WindowDesc& d, int cr, int64_t num_state_rows,
+                                int64_t num_in_rows) {
+  WindowRows w = resolve_state_rows(d, cr, num_state_rows);
+  // Input rows: max(lo, bl) <= r < hi and 0 <= in_base + r < num_in_rows. lo, bl, hi lie in
+  // [0, win] and in_base >= -(win - 1), so in_lo lands in [0, win]; in_hi in [in_lo, win].
+  const int32_t lo = max_i32(max_i32(d.lo, d.bl), -d.in_base);
+  const int64_t room = num_in_rows - d.in_base;  // rows from in_base to the input's end
+  const int32_t hi = room < d.hi ? int32_t(room < 0 ? 0 : room) : d.hi;
+  w.in_lo = lo;
+  w.in_hi = max_i32(hi, lo);
   return w;
 }
 
@@ -158,7 +177,7 @@ DSV4_HD bool row_from_state(const WindowRows& w, int cr, int r) {
 
 // Flat state row of window row r (meaningful where row_from_state).
 DSV4_HD int64_t state_row_of(const WindowRows& w, int cr, int r) {
-  return cr == 4 ? (r < 4 ? w.page0 : w.page1) * 4 + (r & 3) : w.page1 * 128 + r;
+  return cr == 4 ? int64_t(r < 4 ? w.page0 : w.page1) * 4 + (r & 3) : int64_t(w.page1) * 128 + r;
 }
 
 // True if no row of the window is present (it pools to 0).
@@ -177,7 +196,7 @@ struct RowSource {
 enum : int32_t { kAbsent = 0, kFromState = 1, kFromInput = 2 };
 
 DSV4_HD RowSource row_source(const WindowRows& w, int cr, int r) {
-  if (row_from_input(w, r)) return RowSource{kFromInput, w.in_base + r};
+  if (row_from_input(w, r)) return RowSource{kFromInput, int64_t(w.in_base) + r};
   if (row_from_state(w, cr, r)) return RowSource{kFromState, state_row_of(w, cr, r)};
   return RowSource{kAbsent, -1};
 }
@@ -193,7 +212,7 @@ DSV4_HD WindowDesc offline_prefill_window(const CompressPlan& p, int cr) {
   d.lo = s >= win ? 0 : int32_t(win - s);
   d.hi = win;
   d.bl = p.buffer_len < win ? int32_t(p.buffer_len) : win;
-  d.in_base = int64_t(p.ragged_id) - (win - 1);
+  d.in_base = int32_t(p.ragged_id) - (win - 1);
   d.page0 = p.read_page_0;
   d.page1 = p.read_page_1;
   return d;
@@ -244,7 +263,7 @@ DSV4_HD OnlineSegment online_segment(const CompressPlan& p) {
   o.win.lo = n > q_end ? 0 : q_end + 1 - n;
   o.win.hi = q_end + 1;
   o.win.bl = 0;
-  o.win.in_base = int64_t(p.ragged_id) - q_end;
+  o.win.in_base = int32_t(p.ragged_id) - q_end;
   o.merge = o.win.lo > 0;  // (e - n) % 128 != 0
   return o;
 }
@@ -256,12 +275,18 @@ DSV4_HD int32_t online_decode_q(const DecodePlan& p) { return int32_t((p.seq_len
 
 // ---- safe softmax -----------------------------------------------------------------------------
 
-// e^x. Device code uses the hardware approximation (__expf: one multiply and one ex2, within
-// 2 ulp plus the rounding of x*log2(e); the pooled values stay well inside the 1e-5 relative
-// tolerance of SPEC 4), which halves the pooling kernels' instruction count; the CPU keeps
-// expf.
+// e^x. Device code uses the hardware approximation (CUDA: ex2.approx.ftz of x * log2(e),
+// within 2 ulp plus the rounding of x * log2(e); the pooled values stay well inside the 1e-5
+// relative tolerance of SPEC 4). Flushing results below 2^-126 to zero is harmless here: every
+// exponential is a weight relative to a maximum whose own weight is 1, so a weight under
+// 1e-38 cannot move an fp32 sum, and it saves the subnormal fix-up that __expf spends 3 more
+// instructions on (a third of the pooling kernels' arithmetic). The CPU keeps expf.
 DSV4_HD float fexp(float x) {
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+#elif defined(__HIP_DEVICE_COMPILE__)
   return __expf(x);
 #else
   return expf(x);
@@ -298,15 +323,19 @@ DSV4_HD void softmax_fold(SoftmaxState& st, const float (&z)[U], const float (&k
 }
 
 // State of U rows folded at once (one max, one exponential per row). Absent rows must carry
-// z = -FLT_MAX and kv = 0: they get weight 0 next to any present row, and a set without
-// present rows gives (-FLT_MAX, U, 0), whose value a / s is 0 and whose weight in a merge with
-// a present state is 0. Used by the GPU kernels, which fold every row slot of a thread
-// (absent ones carry those values) instead of branching per row.
+// kv = 0 and a score of at most kAbsentScore (plus ape): they get weight 0 next to any present
+// row, and a set without present rows gives (m, s >= 1, 0), whose value a / s is 0 and whose
+// weight in a merge with a present state is 0. Present rows at -inf weigh 0 (the max is kept
+// finite, so -inf - m never becomes inf - inf), as in softmax_fold. Used by the GPU kernels,
+// which fold every row slot of a thread (absent ones carry those values) instead of branching
+// per row.
+constexpr float kAbsentScore = -3.3895313892515355e38f;  // the most negative finite bf16
+
 template <int U>
 DSV4_HD SoftmaxState softmax_of(const float (&z)[U], const float (&kv)[U]) {
-  float m = z[0];
+  float m = -FLT_MAX;
 #pragma unroll
-  for (int u = 1; u < U; ++u) m = fmaxf(m, z[u]);
+  for (int u = 0; u < U; ++u) m = fmaxf(m, z[u]);
   float s = 0.0f, a = 0.0f;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
