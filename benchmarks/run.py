@@ -58,7 +58,9 @@ def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any], 
     if copy.get("gbps"):
         lines.append(f"copy bandwidth (device-to-device, read+write): {copy['gbps']:.0f} GB/s")
     lines += ["", "time us: cold-L2 median (CPU: wall-clock median); graph us: per call, CUDA-graph "
-              "replay; MB: minimum DRAM traffic; % copy: GB/s over the copy bandwidth; x ref: "
+              "replay; MB: minimum DRAM traffic; % copy: GB/s over the copy bandwidth; % same-size "
+              "copy: GB/s over that of a copy moving the same bytes, timed the same way (cold rows "
+              "of at least 1 MB: a short op pays the fixed costs a short copy pays); x ref: "
               "dsv4_ops.reference time / dsv4_ops time.", ""]
     lines += C.markdown_table(rows)
     if notes:
