@@ -9,4 +9,9 @@ cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 ensure_venv "${DSV4_VENV:-.venv}" pytest hypothesis numpy expecttest
 build_inplace
-"$VENV_PY" -m pytest -q -p no:cacheprovider "$@"
+# -q unless the arguments set the verbosity themselves (-q -q would drop the summary line).
+verbosity=(-q)
+for arg in "$@"; do
+  case "$arg" in -q* | -v* | --quiet | --verbose) verbosity=() ;; esac
+done
+"$VENV_PY" -m pytest "${verbosity[@]}" -p no:cacheprovider "$@"
