@@ -544,6 +544,34 @@ def test_prefill_compress_reads_before_writes(device, cr):
 
 
 @pytest.mark.parametrize("cr", [4, 128])
+def test_minus_inf_logits_weigh_zero(device, cr):
+    """Rows whose score is -inf weigh 0 (softmax's rule next to finite rows); channels whose
+    rows are all -inf pool to 0 (the README's decision: softmax itself gives NaN there)."""
+    hd = 128
+    win, row = win_of(cr), row_of(cr, hd)
+    g = torch.Generator().manual_seed(31)
+    inp = torch.randn(2 * win, row, generator=g)
+    ape = _ape(cr, hd)
+    for r in range(win):
+        _, ss = _quarters(cr, hd, r)
+        if r % 2:
+            inp[r, ss] = float("-inf")                        # window 0: odd rows
+        inp[win + r, ss][:32] = float("-inf")                 # window 1: all rows, channels < 32
+        if r % 3 == 0:
+            inp[win + r, ss][32:] = float("-inf")             # and every third row elsewhere
+    plan_c = pack_compress([(2 * win, win - 1, 0, -1, -1), (2 * win, 2 * win - 1, 0, -1, -1)])
+    out = torch.full((2, hd), float("nan"), device=device)
+    OP(_state(device, 2, cr, hd), inp.to(device), ape.to(device), plan_c.to(device),
+       pack_write([]).to(device), out, hd, cr, False)
+    for k in range(2):
+        ref = _pool_rows(cr, hd, [inp[k * win + r] for r in range(win)], ape, [True] * win)
+        if k == 1:
+            assert torch.isnan(ref[:32]).all()  # what softmax says there
+            ref[:32] = 0.0
+        assert_rows_close(out[k], ref, F32, f"window {k}")
+
+
+@pytest.mark.parametrize("cr", [4, 128])
 def test_prefill_many_row_writes(device, cr):
     """More valid plan_w records than the GPU's write groups (2048), invalid records mixed in,
     then padding: every valid row lands, nothing else changes."""
