@@ -19,11 +19,12 @@
 //     (hd 128: 4 events per block, hd 512: 1); a thread folds all 8 window rows of its
 //     channels.
 //   * c128_kernel<TS, TI, kMode, kHd>: c128_blocks(events, kHd) blocks of kC128Block = 512
-//     threads (channel slices minor); a block owns 64 channels of one event: 32 lanes of 2 channels x 16 row groups of 8 rows.
-//     Each thread folds its 8 rows in registers; the 16 partial states per channel are merged
-//     in shared memory (max first, then the sums) by one thread per channel. Modes: offline
-//     prefill, offline decode, online prefill (segments). A block whose window has no present
-//     row (a decode step that closes none) writes zeros and exits.
+//     threads (channel slices minor); a block owns 64 channels of one event: 32 lanes of 2
+//     channels x 16 row groups of 8 rows. Each thread folds its 8 rows in registers; the 16
+//     partial states per channel are merged in shared memory (max first, then the sums) by
+//     one thread per channel. Modes: offline prefill, offline decode, online prefill
+//     (segments). A block whose window has no present row (a decode step that closes none)
+//     writes zeros and exits.
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
 //   * write_rows_kernel<TS, TI, kRow>: offline prefill plan_w (copy input rows into state
 //     slots); launched after the compress kernel so that every compress read precedes every
@@ -317,7 +318,8 @@ DSV4_DEVICE void add_ape(const float (&a)[U][V], float (&z)[U][V]) {
 
 // Softmax states of U loaded rows, one per channel of the thread.
 template <int U, int V>
-DSV4_DEVICE void fold_window(SoftmaxState (&acc)[V], const float (&z)[U][V], const float (&kv)[U][V]) {
+DSV4_DEVICE void fold_window(SoftmaxState (&acc)[V], const float (&z)[U][V],
+                             const float (&kv)[U][V]) {
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     float zj[U], kj[U];
@@ -373,7 +375,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   RawIn cpr[4];
   if constexpr (kDecode) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cpr[q] = load_raw_if<TI, V>(copy, in + e * kRow + q * kHd + c, RawIn{});
+    for (int q = 0; q < 4; ++q)
+      cpr[q] = load_raw_if<TI, V>(copy, in + e * kRow + q * kHd + c, RawIn{});
   }
 
   // Row r: input row in_base + r, or slot r & 3 of page0 (r < 4) / page1 (r >= 4). Both
