@@ -83,22 +83,12 @@ inline int64_t c128_blocks(int64_t events, int hd) { return events * (hd / kC128
 // Raw V-channel vector of element type T as it sits in memory (V = 4: 16-byte fp32 / 8-byte
 // bf16; V = 2: 8-byte fp32 / 4-byte bf16).
 template <typename T, int V>
-struct RawVec;
-template <>
-struct RawVec<float, 4> {
-  using type = float4;
-};
-template <>
-struct RawVec<float, 2> {
-  using type = float2;
-};
-template <>
-struct RawVec<uint16_t, 4> {
-  using type = uint2;
-};
-template <>
-struct RawVec<uint16_t, 2> {
-  using type = uint32_t;
+struct RawVec {
+  static_assert(V == 2 || V == 4, "2- or 4-channel vectors");
+  static_assert(std::is_same<T, float>::value || std::is_same<T, uint16_t>::value, "fp32 or bf16");
+  using type = typename std::conditional<
+      std::is_same<T, float>::value, typename std::conditional<V == 4, float4, float2>::type,
+      typename std::conditional<V == 4, uint2, uint32_t>::type>::type;
 };
 
 DSV4_DEVICE void unpack(const float4 t, float (&v)[4]) {
@@ -147,19 +137,6 @@ DSV4_DEVICE void load_vec(const T* p, float (&v)[V]) {
 template <typename T, int V>
 DSV4_DEVICE void store_vec(T* p, const float (&v)[V]) {
   *reinterpret_cast<typename RawVec<T, V>::type*>(p) = pack(v, p);
-}
-
-// ape[i .. i+3] of a runtime-typed [win, hd] table.
-DSV4_DEVICE void load_ape4(const void* ape, int32_t type, int64_t i, float (&v)[4]) {
-  if (type == kApeF32) {
-    load_vec(static_cast<const float*>(ape) + i, v);
-    return;
-  }
-  const uint2 t = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(ape) + i);
-  if (type == kApeBF16)
-    unpack(t, v);
-  else
-    unpack<true>(t, v);
 }
 
 template <int V>
@@ -282,11 +259,10 @@ DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* c
   }
 }
 
-// ape rows r0 .. r0+U-1 at channels c..c+V-1 of a runtime-typed [win, kHd] table (one uniform
-// branch for all rows, so that the loads go out together).
+// U rows of V channels of a runtime-typed ape table whose rows are kHd apart, the first at
+// element i0 (one uniform branch for all rows, so that the loads go out together).
 template <int U, int V, int kHd>
-DSV4_DEVICE void load_ape_rows(const void* ape, int32_t type, int r0, int c, float (&a)[U][V]) {
-  const int64_t i0 = int64_t(r0) * kHd + c;
+DSV4_DEVICE void load_ape_rows(const void* ape, int32_t type, int64_t i0, float (&a)[U][V]) {
   if (type == kApeF32) {
 #pragma unroll
     for (int u = 0; u < U; ++u) load_vec(static_cast<const float*>(ape) + i0 + u * kHd, a[u]);
@@ -399,7 +375,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   float z[8][V], kv[8][V];
   load_rows(fs, fi, sb, in_b, off, 2 * kHd, kv, z);
   float a[8][V];
-  load_ape_rows<8, V, kHd>(p.ape, p.ape_type, 0, c, a);
+  load_ape_rows<8, V, kHd>(p.ape, p.ape_type, c, a);
 
   float cp[4][V];
   if constexpr (kDecode) {
@@ -545,7 +521,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   float z[U][V], kv[U][V];
   load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
   float a[U][V];
-  load_ape_rows<U, V, kHd>(p.ape, p.ape_type, g * U, c, a);
+  load_ape_rows<U, V, kHd>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
 
   RawSt ck{}, cs{};
   if constexpr (kMode == kModeDecode) {
@@ -655,12 +631,11 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
 #pragma unroll
       for (int j = 0; j < 4; ++j) s[j] = from_online(m[j], S[j], K[j]);
     }
-    float kv[1][4], z[1][4], a[4];
+    float kv[1][4], z[1][4], a[1][4];
     load_vec(in + b * in_row + c, kv[0]);
     load_vec(in + b * in_row + hd + c, z[0]);
-    load_ape4(p.ape, p.ape_type, int64_t(q) * hd + c, a);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) z[0][j] += a[j];
+    load_ape_rows<1, kVec, 0>(p.ape, p.ape_type, int64_t(q) * hd + c, a);  // one row: no stride
+    add_ape(a, z);
     const bool present[1] = {true};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
