@@ -24,6 +24,17 @@ inline bool pdl_enabled(const at::Tensor& t) {
 #endif
 }
 
+// DSV4_OPS_TEST_STALE_PLAN=1 makes every plan guess of the store kernel wrong (load_early in
+// portability.h), so that the tests run the path that reloads from the plan read after the
+// wait, and the sanitizer sees that the loads of garbage guesses stay inside the buffers.
+inline uint32_t plan_guess_xor() {
+  static const uint32_t x = [] {
+    const char* e = std::getenv("DSV4_OPS_TEST_STALE_PLAN");
+    return (e != nullptr && e[0] == '1') ? 0x9e3779b9u : 0u;
+  }();
+  return x;
+}
+
 inline gpuStream_t current_stream(const at::Tensor& t) {
   return at::cuda::getCurrentCUDAStream(t.get_device()).stream();
 }

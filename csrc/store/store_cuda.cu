@@ -67,6 +67,7 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   a.vec_in = aligned(a.kv, 16) && aligned(a.norm_weight, 16) && aligned(a.freqs, 16) &&
              aligned(a.plan, 16);
   a.vec_out = aligned(a.cache, 8) && g.page_bytes % 8 == 0;
+  a.guess_xor = plan_guess_xor();
 
   const gpuStream_t stream = current_stream(kvcache);
   const bool pdl = pdl_enabled(kvcache);

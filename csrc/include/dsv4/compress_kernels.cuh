@@ -331,6 +331,16 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
 
+  // Decode: quarters 0..3 of input row e at c..c+3, loaded together with the plan record
+  // (their address does not depend on it): a step that closes no window then costs one
+  // memory round trip, not two.
+  RawIn cpr[4];
+  if constexpr (kDecode) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      cpr[q] = load_raw_if<TI, V>(active && e < p.num_in_rows, in + e * kRow + q * kHd + c, RawIn{});
+  }
+
   WindowDesc d{0, -1, -1, 0, 0, 0};
   int64_t wl = -1;
   bool copy = false;
@@ -346,14 +356,6 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   }
   const WindowRows w = kDecode ? resolve_state_rows(d, 4, p.num_state_rows)
                                : resolve_rows(d, 4, p.num_state_rows, p.num_in_rows);
-
-  // Decode: quarters 0..3 of input row e at c..c+3, state-rounded.
-  RawIn cpr[4];
-  if constexpr (kDecode) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      cpr[q] = load_raw_if<TI, V>(copy, in + e * kRow + q * kHd + c, RawIn{});
-  }
 
   // Row r: input row in_base + r, or slot r & 3 of page0 (r < 4) / page1 (r >= 4). Both
   // sources hold row r at the same constant offset r * kRow + kv_offset from their base (the
@@ -447,6 +449,18 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
 
+  // Decode: input row e at channels c..c+V-1 (kv, score), loaded by the last row group
+  // together with the plan record (the address does not depend on it). A closing step writes
+  // window row 127, which that group pools; a step that closes no window then costs one memory
+  // round trip, not two.
+  constexpr int kLastGroup = kC128RowGroups - 1;
+  RawIn ckr{}, csr{};
+  if constexpr (kMode == kModeDecode) {
+    const bool pre = g == kLastGroup && e < p.num_in_rows;
+    ckr = load_raw_if<TI, V>(pre, in + e * kInRow + c, RawIn{});
+    csr = load_raw_if<TI, V>(pre, in + e * kInRow + kHd + c, RawIn{});
+  }
+
   WindowDesc d{};
   OnlineSegment seg{};
   int64_t wl = -1;
@@ -468,12 +482,12 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     seg = online_segment(reinterpret_cast<const CompressPlan*>(p.plan)[e]);
     d = seg.win;
   }
-  const bool copier = kMode == kModeDecode && copy && g == (rw >= 0 ? rw / U : 0);
-  // Decode: input row e at channels c..c+V-1 (kv, score) as the state stores it.
-  RawIn ckr{}, csr{};
-  if constexpr (kMode == kModeDecode) {
-    ckr = load_raw_if<TI, V>(copier, in + e * kInRow + c, RawIn{});
-    csr = load_raw_if<TI, V>(copier, in + e * kInRow + kHd + c, RawIn{});
+  const bool copier = kMode == kModeDecode && copy && g == (rw >= 0 ? rw / U : kLastGroup);
+  if (kMode == kModeDecode && copier && g != kLastGroup) {
+    // A plan whose write_loc is another row of the window: that row's group loads the row
+    // (plain loads: the streaming ones are the window's, see check_load_batching.py).
+    ckr = *reinterpret_cast<const RawIn*>(in + e * kInRow + c);
+    csr = *reinterpret_cast<const RawIn*>(in + e * kInRow + kHd + c);
   }
   const WindowRows w = kMode == kModeDecode ? resolve_state_rows(d, 128, p.num_state_rows)
                                             : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
@@ -704,6 +718,9 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) store_vec(to + i * kLaneGroup * kVec, x[i]);
   }
+  // Every block waits, also one without a record to copy: so this grid never completes before
+  // the pooling kernel, and a kernel that waits for this one also waits for that one.
+  pdl_wait();
   pdl_trigger();
 }
 

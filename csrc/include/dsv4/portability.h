@@ -65,18 +65,52 @@ DSV4_DEVICE T group_sum(T v) {
   return v;
 }
 
-// Programmatic dependent launch (sm_90+). The wait blocks until the previous kernel in the
-// stream has finished (or triggered); the trigger lets the next kernel start its prologue.
+// Programmatic dependent launch (sm_90+). A kernel launched with PDL may start while the
+// previous kernel of the stream still runs; pdl_wait() blocks until that kernel has finished
+// and its writes are visible. pdl_trigger() lets the next kernel start; a dsv4 kernel calls it
+// only after its own wait (write_rows_kernel relies on that of the pooling kernel before it).
 // Compiled out on HIP and on older CUDA targets, where launches are plainly serialised.
-DSV4_DEVICE void pdl_wait() {
 #if !defined(DSV4_HIP) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define DSV4_GRID_DEPENDENCY 1
+#endif
+
+DSV4_DEVICE void pdl_wait() {
+#if defined(DSV4_GRID_DEPENDENCY)
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
 DSV4_DEVICE void pdl_trigger() {
-#if !defined(DSV4_HIP) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#if defined(DSV4_GRID_DEPENDENCY)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A plan word guessed before pdl_wait(). When a kernel's first loads depend on its plan,
+// waiting and only then reading the plan costs two memory round trips before the real work.
+// The store kernel instead reads its record before the wait (load_early), issues its loads
+// from that guess right after the wait together with the record read after the wait
+// (load_after_wait), and loads again in the rare case that the two differ (the plan was still
+// being written by the kernel before). Any guess only addresses memory inside the buffers
+// (the same bounds checks as for the real record), and nothing is written from it. The early
+// read goes to L2 only (ld.global.cg), so it leaves no stale line in L1 for the later read to
+// hit. Without PDL the early read already is the real one. (Measured on the H200: worth it
+// for the store kernel, one round trip in a small decode step; a loss for the pooling
+// kernels, whose registers it strains.)
+DSV4_DEVICE uint2 load_early(const uint2* p) {
+#if defined(DSV4_GRID_DEPENDENCY)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
+DSV4_DEVICE uint2 load_after_wait(const uint2* p, uint2 early) {
+#if defined(DSV4_GRID_DEPENDENCY)
+  (void)early;
+  return *p;
+#else
+  return early;
 #endif
 }
 

@@ -43,6 +43,7 @@ struct StoreKernelArgs {
   bool loc64;
   bool vec_in;   // kv, norm_weight, freqs and plan are 16-byte aligned: vector loads
   bool vec_out;  // cache and page_bytes are 8-byte aligned: 2/4/8-byte stores
+  uint32_t guess_xor;  // XORed into the plan guess (load_early); 0 except in tests
 };
 
 namespace store_detail {
@@ -166,15 +167,23 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   const int lane = int(threadIdx.x) % kLaneGroup;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
 
-  // Everything below reads what earlier kernels of the stream wrote (plan, kv, out_loc).
-  pdl_wait();
-  if (t >= a.n_rows) return;  // uniform over the lane group
-
-  // Round 1: the plan record (broadcast to the group), the norm weights and the row.
+  // The first 8 bytes of the plan record (seq_len, second word), guessed before the wait
+  // (load_early; a plan that may be unaligned is only read after the wait).
+  const bool active = t < a.n_rows;  // uniform over the lane group
   const uint8_t* rec = a.plan + t * 16;
+  uint2 guess = make_uint2(0u, 0u);
+  if (active && a.vec_in) guess = load_early(reinterpret_cast<const uint2*>(rec));
+  guess.x ^= a.guess_xor;  // tests only (DSV4_OPS_TEST_STALE_PLAN): a wrong guess
+  guess.y ^= a.guess_xor;
+  pdl_wait();
+  pdl_trigger();
+  if (!active) return;
+
+  // Round 1: the plan record (broadcast to the group), the norm weights and the row, and the
+  // destination and rope (cos, sin) pairs of the guessed record.
   uint32_t seq_len, word1;
   if (a.vec_in) {
-    const uint2 q = *reinterpret_cast<const uint2*>(rec);
+    const uint2 q = load_after_wait(reinterpret_cast<const uint2*>(rec), guess);
     seq_len = q.x;
     word1 = q.y;
   } else {
@@ -191,24 +200,28 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
     else
       load4(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
   }
-  // The row does not depend on the record: load it in the same round.
   float x[kJ][4];
   const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
 #pragma unroll
   for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
-  int64_t loc_index = 0, pos = 0;
-  if (!store_row_target(seq_len, int32_t(word1), a.is_decode, a.compress_ratio, t,
-                        a.num_out_loc, a.max_pos, &loc_index, &pos))
-    return;  // inactive row: writes nothing
-
-  // Round 2: destination and the rope lanes' (cos, sin) pairs.
-  const int64_t loc = a.loc64 ? static_cast<const int64_t*>(a.out_loc)[loc_index]
-                              : int64_t(static_cast<const int32_t*>(a.out_loc)[loc_index]);
+  // Destination and the rope lanes' (cos, sin) pairs of record (sl, w1); false: the row
+  // stores nothing.
   const bool rope_lane = lane >= kLaneGroup / 2;  // dims hd-64.. live in chunk kJ-1, lanes 16..31
+  int64_t loc = -1;
   float f[4] = {1.0f, 0.0f, 1.0f, 0.0f};
-  if (rope_lane) load4(a.freqs + pos * kRopeDim + 4 * (lane - kLaneGroup / 2), a.vec_in, f);
-
-  pdl_trigger();
+  const auto load_target = [&](uint32_t sl, uint32_t w1) {
+    int64_t loc_index = 0, pos = 0;
+    if (!store_row_target(sl, int32_t(w1), a.is_decode, a.compress_ratio, t, a.num_out_loc,
+                          a.max_pos, &loc_index, &pos))
+      return false;
+    loc = a.loc64 ? static_cast<const int64_t*>(a.out_loc)[loc_index]
+                  : int64_t(static_cast<const int32_t*>(a.out_loc)[loc_index]);
+    if (rope_lane) load4(a.freqs + pos * kRopeDim + 4 * (lane - kLaneGroup / 2), a.vec_in, f);
+    return true;
+  };
+  bool stores = load_target(guess.x, guess.y);
+  if (seq_len != guess.x || word1 != guess.y) stores = load_target(seq_len, word1);
+  if (!stores) return;  // inactive row: writes nothing
 
   const int64_t page = store_page_of(loc, a.log2_page_size, a.num_pages);
   if (page < 0) return;  // negative or past the cache: writes nothing
