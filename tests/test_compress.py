@@ -456,6 +456,50 @@ def test_decode_uses_state_rounded_new_row(device, cr):
     assert_rows_close(out[0], ref, F32, "decode with rounded row")
 
 
+@pytest.mark.parametrize("cr,batch", [(4, 600), (128, 300)])
+def test_decode_big_batch_mixed_steps(device, cr, batch):
+    """A decode batch big enough that the GPU pools several events per block (cr = 128:
+    more than two per multiprocessor of the H200), mixing in every group steps that close a
+    window, steps that close none, steps whose write_loc is another row of the window (that
+    row enters as the new token's) and steps that write nothing."""
+    hd = 128
+    row = row_of(cr, hd)
+    g = torch.Generator().manual_seed(21)
+    pages = 2 * batch + 3  # every event reads and writes pages of its own
+    st = _state(device, pages, cr, hd, seed=4)
+    ape = _ape(cr, hd)
+    inp = torch.randn(batch, row, generator=g)
+    perm = torch.randperm(pages, generator=g).tolist()
+    recs, closing = [], []
+    for b in range(batch):
+        kind = (b * 7) % 4  # 0: closes, 1: no window, 2: closes, write_loc mid-window, 3: no write
+        p1 = perm[b]
+        p0 = perm[batch + b] if cr == 4 else p1
+        s = cr * (3 + b % 5) + (1 + b % (cr - 1) if kind in (1, 3) else 0)
+        wl = {0: p1 * cr + cr - 1, 1: p1 * cr + (s - 1) % cr, 2: p1 * cr + (b % (cr - 1)), 3: -1}[kind]
+        recs.append((s, wl, p0, p1))
+        closing.append(kind in (0, 2))
+    before = st.clone().cpu()
+    out = torch.full((batch, hd), float("nan"), device=device)
+    OP(st, inp.to(device), ape.to(device), pack_decode(recs).to(device), None, out, hd, cr, False)
+    exp = before.clone().view(-1, row)
+    for b, (s, wl, p0, p1) in enumerate(recs):
+        if wl >= 0:
+            exp[wl] = inp[b]
+    assert_bits_equal(st.view(-1, row), exp, "state")
+    out = out.cpu()
+    for b, (s, wl, p0, p1) in enumerate(recs):
+        if not closing[b]:
+            assert bool((out[b] == 0).all()), f"event {b} closes no window: zeros"
+            continue
+        if cr == 4:
+            rows = [exp[p0 * 4 + i] for i in range(4)] + [exp[p1 * 4 + i] for i in range(4)]
+        else:
+            rows = [exp[p1 * 128 + i] for i in range(128)]
+        ref = _pool_rows(cr, hd, rows, ape, [True] * win_of(cr))
+        assert_rows_close(out[b], ref, F32, f"event {b} s={s} write_loc={wl}")
+
+
 @pytest.mark.parametrize("cr", [4, 128])
 def test_negative_and_out_of_range_are_skipped(device, cr):
     hd = 128

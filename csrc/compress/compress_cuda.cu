@@ -11,57 +11,53 @@ namespace dsv4 {
 namespace compress {
 namespace {
 
-inline unsigned grid_1d(int64_t n) { return static_cast<unsigned>(n); }
+inline dim3 grid_1d(int64_t blocks) { return dim3(static_cast<unsigned>(blocks)); }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Every pass of one call (kHd: the pooling kernels' compile-time head_dim).
 template <typename TS, typename TI, int kHd>
 void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
                 const std::optional<at::Tensor>& plan_w, gpuStream_t stream, bool pdl) {
-  const dim3 block(kBlock);
   const Params p = pass_params(base, plan, true);
+  const auto launch = [&](auto kernel, int64_t blocks, int threads, const Params& args) {
+    launch_kernel(kernel, grid_1d(blocks), dim3(threads), 0, stream, pdl, args);
+    DSV4_CHECK_LAUNCH();
+  };
+  if (cs.online && cs.decode) {
+    launch(online_decode_kernel<TS, TI>, ceil_div(p.num_records, kBlock / (kHd / kVec)), kBlock, p);
+    return;
+  }
   if (cs.online) {
-    if (cs.decode) {
-      const int64_t per_block = kBlock / (kHd / kVec);
-      launch_kernel(online_decode_kernel<TS, TI>, dim3(grid_1d((p.num_records + per_block - 1) / per_block)),
-                    block, 0, stream, pdl, p);
-      DSV4_CHECK_LAUNCH();
-    } else {
-      launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>, dim3(grid_1d(c128_blocks(p.num_records, kHd))),
-                    dim3(kC128Block), 0, stream, pdl, p);
-      DSV4_CHECK_LAUNCH();
-      Params pw = pass_params(base, *plan_w, false);
-      pw.online_store = 1;
-      launch_kernel(c128_kernel<TS, TI, kModeOnline, kHd>, dim3(grid_1d(c128_blocks(pw.num_records, kHd))),
-                    dim3(kC128Block), 0, stream, pdl, pw);
-      DSV4_CHECK_LAUNCH();
-    }
+    // Closed chunks (plan_c, output rows), then the open segments' states (plan_w).
+    Params pw = pass_params(base, *plan_w, false);
+    pw.online_store = 1;
+    const auto online = c128_kernel<TS, TI, kModeOnline, kHd>;
+    launch(online, c128_blocks(p.num_records, kHd), kC128Block, p);
+    launch(online, c128_blocks(pw.num_records, kHd), kC128Block, pw);
     return;
   }
   if (cs.cr == 4) {
-    const int64_t per_block = kC4Block / (kHd / kVec);
-    const dim3 grid(grid_1d((p.num_records + per_block - 1) / per_block));
+    const int64_t blocks = ceil_div(p.num_records, kC4Block / (kHd / kVec));
     if (cs.decode)
-      launch_kernel(c4_kernel<TS, TI, true, kHd>, grid, dim3(kC4Block), 0, stream, pdl, p);
+      launch(c4_kernel<TS, TI, true, kHd>, blocks, kC4Block, p);
     else
-      launch_kernel(c4_kernel<TS, TI, false, kHd>, grid, dim3(kC4Block), 0, stream, pdl, p);
+      launch(c4_kernel<TS, TI, false, kHd>, blocks, kC4Block, p);
   } else {
-    const dim3 grid(grid_1d(c128_blocks(p.num_records, kHd)));
+    const int64_t blocks = c128_blocks(p.num_records, kHd);
     if (cs.decode)
-      launch_kernel(c128_kernel<TS, TI, kModeDecode, kHd>, grid, dim3(kC128Block), 0, stream, pdl, p);
+      launch(c128_kernel<TS, TI, kModeDecode, kHd>, blocks, kC128Block, p);
     else
-      launch_kernel(c128_kernel<TS, TI, kModePrefill, kHd>, grid, dim3(kC128Block), 0, stream, pdl, p);
+      launch(c128_kernel<TS, TI, kModePrefill, kHd>, blocks, kC128Block, p);
   }
-  DSV4_CHECK_LAUNCH();
   if (!cs.decode) {
     // Writes strictly after every compress read of this call (stream order / PDL wait).
     Params pw = pass_params(base, *plan_w, false);
     pw.after_pool = p.num_records > 0 ? 1 : 0;  // the pooling kernel was launched just before
-    const int64_t blocks = std::min<int64_t>((pw.num_records + kWriteGroups - 1) / kWriteGroups, 2048);
+    const int64_t blocks = std::min<int64_t>(ceil_div(pw.num_records, kWriteGroups), 2048);
     if (cs.cr == 4)
-      launch_kernel(write_rows_kernel<TS, TI, 4 * kHd>, dim3(grid_1d(blocks)), block, 0, stream, pdl, pw);
+      launch(write_rows_kernel<TS, TI, 4 * kHd>, blocks, kBlock, pw);
     else
-      launch_kernel(write_rows_kernel<TS, TI, 2 * kHd>, dim3(grid_1d(blocks)), block, 0, stream, pdl, pw);
-    DSV4_CHECK_LAUNCH();
+      launch(write_rows_kernel<TS, TI, 2 * kHd>, blocks, kBlock, pw);
   }
 }
 

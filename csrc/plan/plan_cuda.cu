@@ -78,21 +78,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
     offs_dev = at::empty(offs_shape, rpi.options().dtype(at::kInt));
     offs_dev.copy_(offs_host, /*non_blocking=*/true);
     offs = reinterpret_cast<const ReqOffsets*>(offs_dev.data_ptr<int32_t>());
-  } else if (B <= kFusedBatch) {
-    const at::Tensor sl = seq_lens.contiguous();
-    const at::Tensor el = extend_lens.contiguous();
-    // At least one block, even without plan rows: block 0 writes the counts.
-    launch_kernel(plan_prefill_fused_kernel<kPlanBlock>,
-                  dim3(unsigned(std::max<int64_t>(1, blocks_for(num_q_tokens, kPlanBlock)))),
-                  dim3(kPlanBlock), 0,
-                  stream, pdl, p, rpi.data_ptr<int64_t>(), sl.data_ptr<int64_t>(),
-                  el.data_ptr<int64_t>(), int32_t(B), num_q_tokens, counts.data_ptr<int32_t>(),
-                  o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());
-    DSV4_CHECK_LAUNCH();
-    return {o.plan_c, o.plan_w, counts};
   } else {
+    // Lengths on the device: one fused kernel for small batches, else a scan, then the emit.
     const at::Tensor sl = seq_lens.contiguous();
     const at::Tensor el = extend_lens.contiguous();
+    if (B <= kFusedBatch) {
+      // At least one block, even without plan rows: block 0 writes the counts.
+      launch_kernel(plan_prefill_fused_kernel<kPlanBlock>,
+                    dim3(unsigned(std::max<int64_t>(1, blocks_for(num_q_tokens, kPlanBlock)))),
+                    dim3(kPlanBlock), 0, stream, pdl, p, rpi.data_ptr<int64_t>(),
+                    sl.data_ptr<int64_t>(), el.data_ptr<int64_t>(), int32_t(B), num_q_tokens,
+                    counts.data_ptr<int32_t>(), o.plan_c.data_ptr<uint8_t>(),
+                    o.plan_w.data_ptr<uint8_t>());
+      DSV4_CHECK_LAUNCH();
+      return {o.plan_c, o.plan_w, counts};
+    }
     offs_dev = at::empty(offs_shape, rpi.options().dtype(at::kInt));
     int64_t threads = ((B + 63) / 64) * 64;
     threads = threads < 64 ? 64 : (threads > kPlanScanBlock ? kPlanScanBlock : threads);
