@@ -15,7 +15,8 @@ TORCH_LIBRARY(dsv4, m) {
       "Tensor seq_lens, int compress_ratio, int swa_page_size, int ring_size, "
       "bool use_req_ring) -> Tensor");
   // DecodePlan [B, 16] with legacy (per-request window) slots.
-  m.def("plan_decode_legacy(Tensor req_pool_indices, Tensor seq_lens, int compress_ratio) -> Tensor");
+  m.def(
+      "plan_decode_legacy(Tensor req_pool_indices, Tensor seq_lens, int compress_ratio) -> Tensor");
   // DecodePlan [B, 16] for the online cr=128 running state: slot = rid + state_slot_offset.
   m.def(
       "plan_online_decode(Tensor req_pool_indices, Tensor seq_lens, int state_slot_offset) "

@@ -43,7 +43,8 @@ inline CallShape check_compress_forward(const at::Tensor& kv_score_buffer,
   DSV4_CHECK(kv_score_buffer.dim() >= 2 && kv_score_buffer.size(-1) == st_row, kOp,
              "kv_score_buffer",
              "must be [num_pages, page_rows, ", st_row, "] (last dim ",
-             is_online ? "3*head_dim for the online state" : (cr == 4 ? "4*head_dim" : "2*head_dim"),
+             is_online ? "3*head_dim for the online state"
+                       : (cr == 4 ? "4*head_dim" : "2*head_dim"),
              "), got shape ", kv_score_buffer.sizes());
   check_contiguous(kv_score_buffer, kOp, "kv_score_buffer");
 
@@ -108,8 +109,8 @@ inline void check_gpu_alignment(const at::Tensor& kv_score_buffer,
 }
 
 inline int32_t ape_type_of(const at::Tensor& ape) {
-  return ape.scalar_type() == at::kFloat ? kApeF32
-                                         : (ape.scalar_type() == at::kBFloat16 ? kApeBF16 : kApeF16);
+  const at::ScalarType t = ape.scalar_type();
+  return t == at::kFloat ? kApeF32 : (t == at::kBFloat16 ? kApeBF16 : kApeF16);
 }
 
 // Parameters common to every pass of one call; the passes fill plan / num_records / out.

@@ -109,7 +109,8 @@ template <typename TS, typename TI>
 void offline_decode(const Ctx<TS, TI>& c) {
   const auto* plan = reinterpret_cast<const DecodePlan*>(c.p.plan);
   at::parallel_for(0, c.p.num_records, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<SoftmaxState> res(static_cast<size_t>(c.p.hd)), scratch(static_cast<size_t>(c.p.hd));
+    const size_t hd = static_cast<size_t>(c.p.hd);
+    std::vector<SoftmaxState> res(hd), scratch(hd);
     for (int64_t b = b0; b < b1; ++b) {
       DecodePlan rec;
       std::memcpy(&rec, plan + b, sizeof(rec));
@@ -130,7 +131,8 @@ template <typename TS, typename TI>
 void offline_prefill(const Ctx<TS, TI>& c, const uint8_t* plan_w, int64_t num_w) {
   const auto* plan = reinterpret_cast<const CompressPlan*>(c.p.plan);
   at::parallel_for(0, c.p.num_records, 1, [&](int64_t k0, int64_t k1) {
-    std::vector<SoftmaxState> res(static_cast<size_t>(c.p.hd)), scratch(static_cast<size_t>(c.p.hd));
+    const size_t hd = static_cast<size_t>(c.p.hd);
+    std::vector<SoftmaxState> res(hd), scratch(hd);
     for (int64_t k = k0; k < k1; ++k) {
       CompressPlan rec;
       std::memcpy(&rec, plan + k, sizeof(rec));
@@ -269,4 +271,6 @@ void compress_forward_cpu(at::Tensor kv_score_buffer, const at::Tensor& kv_score
 }  // namespace compress
 }  // namespace dsv4
 
-TORCH_LIBRARY_IMPL(dsv4, CPU, m) { m.impl("compress_forward", &dsv4::compress::compress_forward_cpu); }
+TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+  m.impl("compress_forward", &dsv4::compress::compress_forward_cpu);
+}

@@ -66,8 +66,8 @@ inline StoreGeometry check_store_args(const at::Tensor& kv, const at::Tensor& pl
   check_dtype(kv, op, "kv", {at::kFloat, at::kBFloat16});
   check_dim(kv, op, "kv", 2);
   DSV4_CHECK(kv.size(1) == g.head_dim, op, "kv", "must have ", g.head_dim,
-             " columns (head_dim) for store_format ", std::string(store_format.data(), store_format.size()),
-             ", got shape ", kv.sizes());
+             " columns (head_dim) for store_format ",
+             std::string(store_format.data(), store_format.size()), ", got shape ", kv.sizes());
   check_contiguous(kv, op, "kv");
   g.n_rows = kv.size(0);
 

@@ -91,10 +91,12 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
           amax = std::fabs(y[d]) > amax ? std::fabs(y[d]) : amax;
         const uint8_t e = ds_mla_exponent(amax);
         const float s = ue8m0_inv_scale(e);
-        for (int d = grp * kDsMlaGroup; d < (grp + 1) * kDsMlaGroup; ++d) data[d] = ds_mla_code(y[d], s);
+        for (int d = grp * kDsMlaGroup; d < (grp + 1) * kDsMlaGroup; ++d)
+          data[d] = ds_mla_code(y[d], s);
         scales[grp] = e;
       }
-      for (int d = kDsMlaNopeDim; d < hd; ++d) put_u16(data + 2 * d - kDsMlaNopeDim, f32_to_bf16(y[d]));
+      for (int d = kDsMlaNopeDim; d < hd; ++d)
+        put_u16(data + 2 * d - kDsMlaNopeDim, f32_to_bf16(y[d]));
       // scales[7] is unused by the format and left untouched (as on the GPU)
       break;
     }

@@ -17,7 +17,8 @@ void launch_store(const StoreKernelArgs& a, gpuStream_t stream, bool pdl) {
   // Whole 64-thread multiples (AMD wavefronts), at most kStoreMaxBlockThreads, fewer for a
   // handful of decode rows.
   const int64_t threads_needed = a.n_rows * kLaneGroup;
-  const int threads = int(std::min<int64_t>(kStoreMaxBlockThreads, (threads_needed + 63) / 64 * 64));
+  const int threads =
+      int(std::min<int64_t>(kStoreMaxBlockThreads, (threads_needed + 63) / 64 * 64));
   const int64_t tokens_per_block = threads / kLaneGroup;
   const int64_t blocks = (a.n_rows + tokens_per_block - 1) / tokens_per_block;
   DSV4_CHECK(blocks <= int64_t(0x7fffffff), kStoreOp, "kv", "has too many rows (", a.n_rows, ")");

@@ -122,7 +122,9 @@ DSV4_DEVICE void unpack(const uint2 t, float (&v)[4]) {
 }
 
 // fp32 values as the raw vector of the element type of `tag` (bf16: RNE).
-DSV4_DEVICE float4 pack(const float (&v)[4], const float*) { return make_float4(v[0], v[1], v[2], v[3]); }
+DSV4_DEVICE float4 pack(const float (&v)[4], const float*) {
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
 DSV4_DEVICE float2 pack(const float (&v)[2], const float*) { return make_float2(v[0], v[1]); }
 DSV4_DEVICE uint32_t pack(const float (&v)[2], const uint16_t*) { return bf16x2_bits(v[0], v[1]); }
 DSV4_DEVICE uint2 pack(const float (&v)[4], const uint16_t*) {
@@ -336,9 +338,10 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   // memory round trip, not two.
   RawIn cpr[4];
   if constexpr (kDecode) {
+    const bool has_row = active && e < p.num_in_rows;
 #pragma unroll
     for (int q = 0; q < 4; ++q)
-      cpr[q] = load_raw_if<TI, V>(active && e < p.num_in_rows, in + e * kRow + q * kHd + c, RawIn{});
+      cpr[q] = load_raw_if<TI, V>(has_row, in + e * kRow + q * kHd + c, RawIn{});
   }
 
   WindowDesc d{0, -1, -1, 0, 0, 0};

@@ -87,10 +87,13 @@ DSV4_HD float round_to(const uint16_t*, float v) { return round_to_bf16(v); }
 
 // ---- geometry ---------------------------------------------------------------------------------
 
-constexpr int kVec = 4;  // channels per GPU thread of the cr = 4, online decode and row-copy kernels
+// Channels per GPU thread of the cr = 4, online decode and row-copy kernels.
+constexpr int kVec = 4;
 
 // Elements of one kv_score input / offline state row.
-DSV4_HD int64_t input_row_elems(int cr, int hd) { return cr == 4 ? 4 * int64_t(hd) : 2 * int64_t(hd); }
+DSV4_HD int64_t input_row_elems(int cr, int hd) {
+  return cr == 4 ? 4 * int64_t(hd) : 2 * int64_t(hd);
+}
 // Elements of one state row: offline = raw input row, online = m | S | K.
 DSV4_HD int64_t state_row_elems(int cr, int hd, bool online) {
   return online ? 3 * int64_t(hd) : input_row_elems(cr, hd);
@@ -182,8 +185,9 @@ DSV4_HD int64_t state_row_of(const WindowRows& w, int cr, int r) {
 
 // True if no row of the window is present (it pools to 0).
 DSV4_HD bool window_empty(const WindowRows& w, int cr) {
-  const bool st = w.st_lo < w.st_hi &&
-                  (cr == 4 ? ((w.st_lo < 4 && w.page0_ok) || (w.st_hi > 4 && w.page1_ok)) : w.page1_ok);
+  const bool st =
+      w.st_lo < w.st_hi &&
+      (cr == 4 ? ((w.st_lo < 4 && w.page0_ok) || (w.st_hi > 4 && w.page1_ok)) : w.page1_ok);
   return w.in_lo >= w.in_hi && !st;
 }
 

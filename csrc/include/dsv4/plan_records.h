@@ -50,7 +50,8 @@ DSV4_HD int window_of(int compress_ratio) { return compress_ratio == 4 ? 8 : 128
 
 // State-slot addressing (SPEC 2.1).
 enum class Addressing : int32_t {
-  kSwaPaged = 0,  // slot = (swa / sps) * ring + swa % ring, swa = full_to_state[req_to_token[rid, pos]]
+  // slot = (swa / sps) * ring + swa % ring, swa = full_to_state[req_to_token[rid, pos]]
+  kSwaPaged = 0,
   kReqRing = 1,   // slot = rid * ring + pos % ring
   kLegacy = 2,    // request ring of one window (ring = window), pages always real
   kOnline = 3,    // one running-state slot per request: rid + state_slot_offset

@@ -42,7 +42,10 @@ DSV4_HD constexpr int store_head_dim(int fmt) {
 }
 // Bytes of one token's data in a page (the "token data" column of the table).
 DSV4_HD constexpr int64_t store_data_bytes(int fmt) {
-  return fmt == kStoreFp8DsMla ? 576 : fmt == kStoreBf16 ? 1024 : fmt == kStoreFp8Indexer ? 128 : 64;
+  return fmt == kStoreFp8DsMla     ? 576
+         : fmt == kStoreBf16       ? 1024
+         : fmt == kStoreFp8Indexer ? 128
+                                   : 64;
 }
 // Bytes between consecutive tokens' scales (0: none). fp8_ds_mla: 7 UE8M0 bytes + 1 unused
 // byte, which the store never writes.
@@ -55,7 +58,9 @@ DSV4_HD constexpr int64_t store_page_bytes(int fmt, int64_t page_size) {
                                : (store_data_bytes(fmt) + store_scale_bytes(fmt)) * page_size;
 }
 // Byte offsets inside a page of token `off`'s data and scales.
-DSV4_HD constexpr int64_t store_data_offset(int fmt, int64_t off) { return off * store_data_bytes(fmt); }
+DSV4_HD constexpr int64_t store_data_offset(int fmt, int64_t off) {
+  return off * store_data_bytes(fmt);
+}
 DSV4_HD constexpr int64_t store_scale_offset(int fmt, int64_t page_size, int64_t off) {
   return store_data_bytes(fmt) * page_size + off * store_scale_bytes(fmt);
 }
