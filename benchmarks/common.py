@@ -825,8 +825,14 @@ def env_info(device: torch.device) -> Dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         info["dsv4_ops_import_error"] = f"{type(e).__name__}: {e}"
     try:
-        info["git"] = subprocess.check_output(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
-                                              text=True, stderr=subprocess.DEVNULL).strip()
+        git = ["git", "-C", REPO_ROOT]
+        info["git"] = subprocess.check_output(git + ["rev-parse", "--short", "HEAD"], text=True,
+                                              stderr=subprocess.DEVNULL).strip()
+        # A copied tree (the GPU machine's) may carry older git metadata than its files.
+        changed = subprocess.check_output(git + ["status", "--porcelain", "--untracked-files=no"],
+                                          text=True, stderr=subprocess.DEVNULL).splitlines()
+        if changed:
+            info["git"] += f" + {len(changed)} changed files"
     except Exception:  # noqa: BLE001
         pass
     info["DSV4_OPS_NO_PDL"] = os.environ.get("DSV4_OPS_NO_PDL")
