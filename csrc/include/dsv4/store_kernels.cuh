@@ -171,10 +171,11 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   // (load_early; a plan that may be unaligned is only read after the wait).
   const bool active = t < a.n_rows;  // uniform over the lane group
   const uint8_t* rec = a.plan + t * 16;
-  uint2 guess = make_uint2(0u, 0u);
-  if (active && a.vec_in) guess = load_early(reinterpret_cast<const uint2*>(rec));
-  guess.x ^= a.guess_xor;  // tests only (DSV4_OPS_TEST_STALE_PLAN): a wrong guess
-  guess.y ^= a.guess_xor;
+  uint2 early = make_uint2(0u, 0u);
+  if (active && a.vec_in) early = load_early(reinterpret_cast<const uint2*>(rec));
+  // Tests only (DSV4_OPS_TEST_STALE_PLAN): a wrong guess. The record itself stays `early`
+  // where that is the real one (no PDL).
+  const uint2 guess = make_uint2(early.x ^ a.guess_xor, early.y ^ a.guess_xor);
   pdl_wait();
   pdl_trigger();
   if (!active) return;
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   // destination and rope (cos, sin) pairs of the guessed record.
   uint32_t seq_len, word1;
   if (a.vec_in) {
-    const uint2 q = load_after_wait(reinterpret_cast<const uint2*>(rec), guess);
+    const uint2 q = load_after_wait(reinterpret_cast<const uint2*>(rec), early);
     seq_len = q.x;
     word1 = q.y;
   } else {
