@@ -170,7 +170,9 @@ DSV4_DEVICE typename RawVec<T, V>::type splat_raw(uint32_t bits) {
 // no memory access, `fill`. Written so that the compiler predicates the load instead of
 // branching around it: every row's loads of a thread then go out back to back, before any
 // value is used (a branch per row served one memory round trip per row on the H200).
-template <typename T, int V>
+// kStream false: a plain load (the c4 decode copy row, which check_load_batching.py must not
+// take for a window row).
+template <typename T, int V, bool kStream = true>
 DSV4_DEVICE typename RawVec<T, V>::type load_raw_if(bool on, const T* p,
                                                     typename RawVec<T, V>::type fill) {
   using R = typename RawVec<T, V>::type;
@@ -179,7 +181,7 @@ DSV4_DEVICE typename RawVec<T, V>::type load_raw_if(bool on, const T* p,
 #if defined(DSV4_HIP)
     v = *reinterpret_cast<const R*>(p);
 #else
-    v = __ldcs(reinterpret_cast<const R*>(p));
+    v = kStream ? __ldcs(reinterpret_cast<const R*>(p)) : *reinterpret_cast<const R*>(p);
 #endif
   }
   return v;
@@ -313,9 +315,9 @@ DSV4_DEVICE void fold_window(SoftmaxState (&acc)[V], const float (&z)[U][V],
 // ---- cr = 4 ---------------------------------------------------------------------------------
 
 // Prefill (kDecode false): plan = CompressPlan rows, pool each window into out[e].
-// Decode (kDecode true): plan = DecodePlan rows; copy input row e into write_loc and pool the
-// window from the state, the just-written row entering as its state-dtype value (taken from
-// registers: the thread that copies channels c..c+3 of the row is the one that pools them).
+// Decode (kDecode true): plan = DecodePlan rows; copy input row e into write_loc, then pool
+// the window from the state, which then holds the just-written row (the thread that writes
+// channels c..c+3 of that row is the one that reads them back: program order, no barrier).
 // kHd (128 / 512) is a template parameter so that every row offset is a constant.
 template <typename TS, typename TI, bool kDecode, int kHd>
 __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
@@ -341,18 +343,26 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
     const bool has_row = active && e < p.num_in_rows;
 #pragma unroll
     for (int q = 0; q < 4; ++q)
-      cpr[q] = load_raw_if<TI, V>(has_row, in + e * kRow + q * kHd + c, RawIn{});
+      cpr[q] = load_raw_if<TI, V, false>(has_row, in + e * kRow + q * kHd + c, RawIn{});
   }
 
   WindowDesc d{0, -1, -1, 0, 0, 0};
-  int64_t wl = -1;
-  bool copy = false;
   if (active) {
     if constexpr (kDecode) {
       const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
       d = offline_decode_window(rec, 4);
-      wl = rec.write_loc;
-      copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
+      const int64_t wl = rec.write_loc;
+      if (wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float v[V];
+          unpack(cpr[q], v);
+          store_vec(st + wl * kRow + q * kHd + c, v);
+        }
+      }
+      // The window loads below are asm statements the compiler could otherwise hoist above
+      // these stores.
+      compiler_fence();
     } else {
       d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 4);
     }
@@ -381,27 +391,6 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   load_rows(fs, fi, sb, in_b, off, 2 * kHd, kv, z);
   float a[8][V];
   load_ape_rows<8, V, kHd>(p.ape, p.ape_type, c, a);
-
-  float cp[4][V];
-  if constexpr (kDecode) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      unpack(cpr[q], cp[q]);
-      round_vec<TS>(cp[q]);
-    }
-    // Slot offsets of the written row inside page0 / page1 (pooled from registers).
-    const int64_t rw0 = wl - int64_t(w.page0) * 4, rw1 = wl - int64_t(w.page1) * 4;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      if (copy && fs[r] && (r < 4 ? rw0 : rw1) == (r & 3)) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          kv[r][j] = cp[r < 4 ? 0 : 1][j];
-          z[r][j] = cp[r < 4 ? 2 : 3][j];
-        }
-      }
-    }
-  }
   add_ape(a, z);
   pdl_trigger();
   if (!active) return;
@@ -412,13 +401,6 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
 #pragma unroll
   for (int j = 0; j < V; ++j) res[j] = softmax_value(acc[j]);
   store_out_vec(p.out, p.out_type, e * kHd + c, res);
-
-  if constexpr (kDecode) {
-    if (copy) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) store_vec(st + wl * kRow + q * kHd + c, cp[q]);
-    }
-  }
 }
 
 // ---- cr = 128 -------------------------------------------------------------------------------

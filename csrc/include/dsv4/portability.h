@@ -86,6 +86,10 @@ DSV4_DEVICE void pdl_trigger() {
 #endif
 }
 
+// Compiler-only barrier: no memory access moves across it (the streaming loads are volatile
+// asm statements without a memory clobber, which an ordinary store may otherwise pass).
+DSV4_DEVICE void compiler_fence() { asm volatile("" ::: "memory"); }
+
 // A plan word guessed before pdl_wait(). When a kernel's first loads depend on its plan,
 // waiting and only then reading the plan costs two memory round trips before the real work.
 // The store kernel instead reads its record before the wait (load_early), issues its loads

@@ -97,12 +97,21 @@ DSV4_DEVICE void store_u64(uint8_t* p, uint32_t lo, uint32_t hi, bool vec) {
 }
 
 // Max over the lanes that share bits >= log2(width) of the lane index (width 8, 16 or 32
-// lanes = 32, 64 or 128 dims) of NaN-free values. Exact, so the order does not matter.
+// lanes = 32, 64 or 128 dims) of NaN-free values, for N independent values at once: the
+// shuffle stages of the N values interleave (one latency chain, not N in a row). Exact, so
+// the order does not matter.
+template <int kWidth, int N>
+DSV4_DEVICE void subgroup_max(float (&v)[N]) {
+#pragma unroll
+  for (int m = kWidth / 2; m > 0; m >>= 1)
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = fmaxf(v[i], shfl_xor(v[i], m));
+}
 template <int kWidth>
 DSV4_DEVICE float subgroup_max(float v) {
-#pragma unroll
-  for (int m = kWidth / 2; m > 0; m >>= 1) v = fmaxf(v, shfl_xor(v, m));
-  return v;
+  float a[1] = {v};
+  subgroup_max<kWidth>(a);
+  return a[0];
 }
 
 // max |v| starting from 0; fmaxf returns the other operand of a NaN, so a NaN is never
@@ -251,28 +260,42 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   }
 
   if constexpr (kFormat == kStoreFp8DsMla) {
-    // bf16-round first; one UE8M0 scale per 64 dims = 16 lanes of one chunk. Lane 0 gathers
-    // the 7 scale bytes and writes them as 4 + 2 + 1 bytes (byte 7 is unused by the format and
-    // left untouched, as by the CPU kernel and dsv4_ops.reference.store).
-    uint32_t ex[kJ];
+    // bf16-round first; one UE8M0 scale per 64 dims = 16 lanes of one chunk. All chunks'
+    // amaxes, exponents and codes first, then the stores: a store between two chunks (its
+    // aligned / byte-wise branch) would serialise their shuffle chains. Lane 0 gathers the 7
+    // scale bytes and writes them as 4 + 2 + 1 bytes (byte 7 is unused by the format and left
+    // untouched, as by the CPU kernel and dsv4_ops.reference.store).
+    float am[kJ];
+    uint32_t lo[kJ], hi[kJ], ex[kJ];
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
-      float yb[4] = {y[j][0], y[j][1], y[j][2], y[j][3]};
-      round_to_bf16_pair(yb[0], yb[1]);  // NaNs go to 0x7f codes whatever their payload
-      round_to_bf16_pair(yb[2], yb[3]);
-      ex[j] = ds_mla_exponent(subgroup_max<16>(abs_max4(yb)));
-      const int group = 2 * j + lane / 16;  // dims 64*group .. 64*group+63
-      if (group < kDsMlaNopeDim / kDsMlaGroup) {
-        store_u32(data + lane_dim(j, lane, 0), e4m3x4_mul(yb, ue8m0_inv_scale(uint8_t(ex[j]))),
-                  a.vec_out);
+      round_to_bf16_pair(y[j][0], y[j][1]);  // NaNs go to 0x7f codes whatever their payload
+      round_to_bf16_pair(y[j][2], y[j][3]);
+      am[j] = abs_max4(y[j]);
+    }
+    subgroup_max<16>(am);
+    // Dims 64*group .. 64*group+63: e4m3 codes for groups 0..6, bf16 rope dims for group 7
+    // (lanes 16..31 of the last chunk; bf16 rounding is idempotent).
+    const auto is_rope = [&](int j) { return 2 * j + lane / 16 >= kDsMlaNopeDim / kDsMlaGroup; };
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      ex[j] = ds_mla_exponent(am[j]);
+      if (is_rope(j)) {
+        lo[j] = bf16x2_bits(y[j][0], y[j][1]);
+        hi[j] = bf16x2_bits(y[j][2], y[j][3]);
       } else {
-        // Rope dims 448..511 as bf16 at byte 448 + 2*(dim-448) = 2*dim - 448.
-        store_u64(data + 2 * lane_dim(j, lane, 0) - kDsMlaNopeDim, bf16x2_bits(y[j][0], y[j][1]),
-                  bf16x2_bits(y[j][2], y[j][3]), a.vec_out);
+        lo[j] = e4m3x4_mul(y[j], ue8m0_inv_scale(uint8_t(ex[j])));
       }
     }
     // Scale of group 2j + 1 lives in lane 16 of chunk j.
     const uint32_t e1 = shfl_xor(ex[0], 16), e3 = shfl_xor(ex[1], 16), e5 = shfl_xor(ex[2], 16);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      if (is_rope(j))  // rope dims 448..511 as bf16 at byte 448 + 2*(dim-448) = 2*dim - 448
+        store_u64(data + 2 * lane_dim(j, lane, 0) - kDsMlaNopeDim, lo[j], hi[j], a.vec_out);
+      else
+        store_u32(data + lane_dim(j, lane, 0), lo[j], a.vec_out);
+    }
     if (lane == 0) {
       store_u32(scales, ex[0] | (e1 << 8) | (ex[1] << 16) | (e3 << 24), a.vec_out);
       store_u16(scales + 4, ex[2] | (e5 << 8), a.vec_out);
