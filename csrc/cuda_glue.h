@@ -2,6 +2,8 @@
 // stream, whether PDL may be used on the tensors' device, launch error check.
 #pragma once
 
+#include <algorithm>
+
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -33,6 +35,11 @@ inline uint32_t plan_guess_xor() {
     return (e != nullptr && e[0] == '1') ? 0x9e3779b9u : 0u;
   }();
   return x;
+}
+
+// Streaming multiprocessors (CUDA) / compute units (HIP) of the tensor's device, at least 1.
+inline int64_t sm_count(const at::Tensor& t) {
+  return std::max(1, at::cuda::getDeviceProperties(t.get_device())->multiProcessorCount);
 }
 
 inline gpuStream_t current_stream(const at::Tensor& t) {

@@ -369,6 +369,15 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   }
   const WindowRows w = kDecode ? resolve_state_rows(d, 4, p.num_state_rows)
                                : resolve_rows(d, 4, p.num_state_rows, p.num_in_rows);
+  if (kDecode && window_empty(w, 4)) {
+    // A step that closes no window (three in four): zeros, without the ape loads and the fold.
+    pdl_trigger();
+    if (active) {
+      const float zero[V] = {};
+      store_out_vec(p.out, p.out_type, e * kHd + c, zero);
+    }
+    return;
+  }
 
   // Row r: input row in_base + r, or slot r & 3 of page0 (r < 4) / page1 (r >= 4). Both
   // sources hold row r at the same constant offset r * kRow + kv_offset from their base (the

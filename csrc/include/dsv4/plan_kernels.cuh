@@ -29,7 +29,9 @@ __global__ void __launch_bounds__(kBlock)
   pdl_trigger();
   const int64_t b = int64_t(blockIdx.x) * kBlock + threadIdx.x;
   if (b >= batch) return;
-  out[b] = decode_record(p, req_pool_indices[b], seq_lens[b]);
+  // Both reads go out together (load_now: not sunk below decode_record's seq_len check).
+  const int64_t rid = load_now(req_pool_indices + b), seq_len = load_now(seq_lens + b);
+  out[b] = decode_record(p, rid, seq_len);
 }
 
 // Exclusive prefix sum over the block (blockDim.x <= kMax threads); `total` gets the sum of

@@ -116,6 +116,29 @@ DSV4_HD int64_t mod_nn(int64_t a, int64_t b) {
 
 DSV4_HD int32_t slot32(int64_t s) { return (s < 0 || s > kMaxInt32) ? -1 : int32_t(s); }
 
+// SWA-paged lookups in three steps: the req_to_token entry of (rid, pos) (an index into
+// full_to_state, or -1 when out of range), the full_to_state entry it names (-1 when out of
+// range or not live), and the state slot of that entry. Both reads are at an index clamped
+// into the table (entry 0 where the lookup fails; the callers skip the lookups when a table is
+// empty), so that they carry no condition: slot_pair() then has a GPU thread issue the two
+// positions' reads of each table together (two memory round trips for a record, not four).
+DSV4_HD int64_t full_index(const PlanParams& p, int64_t rid, int64_t pos) {
+  const bool ok = pos >= 0 && pos < p.max_ctx && rid < p.rt_rows;
+  const int64_t full = p.req_to_token[ok ? rid * p.rt_stride + pos : 0];
+  return (!ok || full < 0 || full >= p.f2s_size) ? -1 : full;
+}
+DSV4_HD int64_t swa_entry(const PlanParams& p, int64_t full) {
+  const int64_t swa = p.full_to_state[full < 0 ? 0 : full];
+  return (full < 0 || swa < 0) ? -1 : swa;
+}
+DSV4_HD int32_t swa_slot(const PlanParams& p, int64_t swa) {
+  return swa < 0 ? -1 : slot32(div_nn(swa, p.sps) * p.ring + mod_nn(swa, p.ring));
+}
+// Whether req_to_token and full_to_state both have an entry (else every lookup fails).
+DSV4_HD bool swa_tables(const PlanParams& p) {
+  return p.rt_rows > 0 && p.max_ctx > 0 && p.f2s_size > 0;
+}
+
 // State slot of (request row rid, position pos) (SPEC 2.1), or -1 when any lookup is out of
 // range (never reads outside req_to_token / full_to_state) or the result does not fit int32.
 DSV4_HD int32_t slot_of(const PlanParams& p, int64_t rid, int64_t pos) {
@@ -123,18 +146,26 @@ DSV4_HD int32_t slot_of(const PlanParams& p, int64_t rid, int64_t pos) {
   switch (p.addressing) {
     case Addressing::kOnline:
       return slot32(rid + p.state_slot_offset);
-    case Addressing::kSwaPaged: {
-      if (pos < 0 || pos >= p.max_ctx || rid >= p.rt_rows) return -1;
-      const int64_t full = p.req_to_token[rid * p.rt_stride + pos];
-      if (full < 0 || full >= p.f2s_size) return -1;
-      const int64_t swa = p.full_to_state[full];
-      if (swa < 0) return -1;
-      return slot32(div_nn(swa, p.sps) * p.ring + mod_nn(swa, p.ring));
-    }
+    case Addressing::kSwaPaged:
+      return swa_tables(p) ? swa_slot(p, swa_entry(p, full_index(p, rid, pos))) : -1;
     default:  // kReqRing, kLegacy (ring = window)
       if (pos < 0) return -1;
       return slot32(rid * p.ring + mod_nn(pos, p.ring));
   }
+}
+
+// slot_of(p, rid, pos0) and slot_of(p, rid, pos1).
+DSV4_HD void slot_pair(const PlanParams& p, int64_t rid, int64_t pos0, int64_t pos1, int32_t& s0,
+                       int32_t& s1) {
+  if (p.addressing != Addressing::kSwaPaged || rid < 0 || rid > kMaxInt32 || !swa_tables(p)) {
+    s0 = slot_of(p, rid, pos0);
+    s1 = slot_of(p, rid, pos1);
+    return;
+  }
+  const int64_t f0 = full_index(p, rid, pos0), f1 = full_index(p, rid, pos1);
+  const int64_t w0 = swa_entry(p, f0), w1 = swa_entry(p, f1);
+  s0 = swa_slot(p, w0);
+  s1 = swa_slot(p, w1);
 }
 
 DSV4_HD int32_t page_of(const PlanParams& p, int32_t slot) { return slot < 0 ? -1 : slot / p.cr; }
@@ -149,10 +180,9 @@ DSV4_HD DecodePlan decode_record(const PlanParams& p, int64_t rid, int64_t seq_l
     return DecodePlan{uint32_t(seq_len), slot, slot, -1};
   }
   const int64_t p1 = seq_len - 1;
-  const int64_t p0 = max64(p1 - p.cr, 0);
-  const int32_t write_loc = slot_of(p, rid, p1);
-  return DecodePlan{uint32_t(seq_len), write_loc, page_of(p, slot_of(p, rid, p0)),
-                    page_of(p, write_loc)};
+  int32_t s0, write_loc;
+  slot_pair(p, rid, max64(p1 - p.cr, 0), p1, s0, write_loc);
+  return DecodePlan{uint32_t(seq_len), write_loc, page_of(p, s0), page_of(p, write_loc)};
 }
 
 // ---- prefill: per-request closed forms (SPEC 3.3, 3.5) -----------------------------------------
@@ -268,8 +298,10 @@ DSV4_HD CompressPlan offline_compress_record(const PlanParams& p, int64_t b, int
     r.read_page_0 = -1;
     r.read_page_1 = int32_t(b);
   } else {
-    r.read_page_0 = page_of(p, slot_of(p, rid, max64(pos - p.cr, 0)));
-    r.read_page_1 = page_of(p, slot_of(p, rid, pos));
+    int32_t s0, s1;
+    slot_pair(p, rid, max64(pos - p.cr, 0), pos, s0, s1);
+    r.read_page_0 = page_of(p, s0);
+    r.read_page_1 = page_of(p, s1);
   }
   return r;
 }

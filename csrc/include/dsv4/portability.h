@@ -86,6 +86,13 @@ DSV4_DEVICE void pdl_trigger() {
 #endif
 }
 
+// A load the compiler issues where it is written (a volatile access): not sunk into the
+// branch that needs it, so that independent loads written together go out together. (A
+// volatile asm load, __ldcg, was still sunk below a branch by nvcc 13.)
+DSV4_DEVICE int64_t load_now(const int64_t* p) {
+  return *reinterpret_cast<const volatile int64_t*>(p);
+}
+
 // Compiler-only barrier: no memory access moves across it (the streaming loads are volatile
 // asm statements without a memory clobber, which an ordinary store may otherwise pass).
 DSV4_DEVICE void compiler_fence() { asm volatile("" ::: "memory"); }
