@@ -4,8 +4,9 @@ before it consumes any (see the header of csrc/include/dsv4/compress_kernels.cuh
   python scripts/check_load_batching.py CUOBJDUMP LIBRARY_OR_CUBIN
 
 Disassembles the sm_90 code of the c4 / c128 pooling kernels whose state and input share a
-dtype and checks their streaming loads (LDG.E.EF: window rows and the decode copy row, the
-only loads issued with the evict-first hint): no destination register is loaded twice (a
+dtype and checks their streaming loads (LDG.E.EF: window rows and the cr 128 decode copy row,
+the only loads issued with the evict-first hint; the cr 4 decode copy row is stored before the
+window is read and uses plain loads): no destination register is loaded twice (a
 reload means a row was consumed before the next row's load went out) and all of them lie
 within MAX_SPAN instructions. Under register pressure the compiler silently serialises the
 loads, which made small decode steps 2x slower once; this makes that a CI failure. Mixed-dtype

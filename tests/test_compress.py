@@ -456,16 +456,14 @@ def test_decode_uses_state_rounded_new_row(device, cr):
     assert_rows_close(out[0], ref, F32, "decode with rounded row")
 
 
-@pytest.mark.parametrize("cr,batch", [(4, 600), (128, 300)])
-def test_decode_big_batch_mixed_steps(device, cr, batch):
-    """A decode batch big enough that the GPU pools several events per block (cr = 128:
-    more than two per multiprocessor of the H200), mixing in every group steps that close a
-    window, steps that close none, steps whose write_loc is another row of the window (that
-    row enters as the new token's) and steps that write nothing."""
-    hd = 128
+def _check_mixed_decode_batch(device, cr, hd, batch):
+    """One decode call over `batch` events that mixes, in every group of four, steps that close
+    a window, steps that close none, steps whose write_loc is another row of the window (that
+    row enters as the new token's) and steps that write nothing; state rows and outputs are
+    checked against the reference."""
     row = row_of(cr, hd)
     g = torch.Generator().manual_seed(21)
-    pages = 2 * batch + 3  # every event reads and writes pages of its own
+    pages = (2 if cr == 4 else 1) * batch + 3  # every event reads and writes pages of its own
     st = _state(device, pages, cr, hd, seed=4)
     ape = _ape(cr, hd)
     inp = torch.randn(batch, row, generator=g)
@@ -498,6 +496,22 @@ def test_decode_big_batch_mixed_steps(device, cr, batch):
             rows = [exp[p1 * 128 + i] for i in range(128)]
         ref = _pool_rows(cr, hd, rows, ape, [True] * win_of(cr))
         assert_rows_close(out[b], ref, F32, f"event {b} s={s} write_loc={wl}")
+
+
+@pytest.mark.parametrize("cr,batch", [(4, 600), (128, 300)])
+def test_decode_big_batch_mixed_steps(device, cr, batch):
+    _check_mixed_decode_batch(device, cr, 128, batch)
+
+
+@pytest.mark.parametrize("hd,waves", [(128, 1), (128, 2), (512, 1), (512, 2), (512, 4)])
+def test_c128_decode_block_grouping(device, hd, waves):
+    """cr = 128 decode on the GPU gives a block 1, 2 or 4 channel slices of an event depending
+    on how many waves of one-slice blocks the batch makes (c128_decode_slices_per_block): a
+    batch just past each threshold of this device, steps of every kind."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    slices = hd // 64
+    batch = (waves * 4 * sms + slices - 1) // slices + 1
+    _check_mixed_decode_batch(device, 128, hd, batch)
 
 
 @pytest.mark.parametrize("cr", [4, 128])

@@ -18,13 +18,15 @@
 //   * c4_kernel<TS, TI, kDecode, kHd>: kC4Block = 128 threads; one event per kHd/4 threads
 //     (hd 128: 4 events per block, hd 512: 1); a thread folds all 8 window rows of its
 //     channels.
-//   * c128_kernel<TS, TI, kMode, kHd>: c128_blocks(events, kHd) blocks of kC128Block = 512
+//   * c128_kernel<TS, TI, kMode, kHd>: c128_blocks(events, kHd, ...) blocks of kC128Block = 512
 //     threads (channel slices minor); a block owns 64 channels of one event: 32 lanes of 2
 //     channels x 16 row groups of 8 rows. Each thread folds its 8 rows in registers; the 16
 //     partial states per channel are merged in shared memory (max first, then the sums) by
 //     one thread per channel. Modes: offline prefill, offline decode, online prefill
 //     (segments). A block whose window has no present row (a decode step that closes none)
-//     writes zeros and exits.
+//     writes zeros and exits. A decode block first copies its channels of the new row into
+//     the state, and in a large batch takes 2 or 4 slices of its event in turn
+//     (c128_decode_slices_per_block).
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
 //   * write_rows_kernel<TS, TI, kRow>: offline prefill plan_w (copy input rows into state
 //     slots); launched after the compress kernel so that every compress read precedes every
@@ -60,8 +62,24 @@ constexpr int kC128Rows = 8;                                // window rows per t
 constexpr int kC128RowGroups = 128 / kC128Rows;             // 16 partial states per channel
 constexpr int kC128Block = kC128Lanes * kC128RowGroups;     // 512
 
-// Blocks of a c128_kernel launch: one per event and 64-channel slice.
-inline int64_t c128_blocks(int64_t events, int hd) { return events * (hd / kC128Ch); }
+// Blocks of a c128_kernel launch: one per event and group of `slices_per_block` 64-channel
+// slices (a divisor of hd / 64; 1 except for decode, Params::slices_per_block).
+inline int64_t c128_blocks(int64_t events, int hd, int slices_per_block = 1) {
+  return events * (hd / kC128Ch / slices_per_block);
+}
+
+// Slices per c128 decode block for a step of `events` requests on `sms` multiprocessors. A
+// step that closes no window (127 in 128) only copies its row, so in a large batch most
+// blocks exit after one memory round trip and their number sets the time; a block that takes
+// 2 or 4 slices of its event in turn cuts that number, at the price of pooling those slices
+// one after the other where a window closes. Measured on the H200 (hd 512, one slice per block
+// -> this choice): 1024 requests, none closing 28.1 -> 11.5 us, one in 16 34.6 -> 22.6, all
+// 136.9 -> 137.4; 256 requests (2 slices) 9.7 -> 7.1, 12.4 -> 11.5, 39.5 -> 39.9.
+inline int c128_decode_slices_per_block(int64_t events, int hd, int64_t sms) {
+  const int64_t waves = c128_blocks(events, hd) / (4 * sms);  // 4 resident blocks per SM
+  const int spb = waves >= 4 ? 4 : (waves >= 2 ? 2 : 1);
+  return spb < hd / kC128Ch ? spb : hd / kC128Ch;
+}
 
 // Resident blocks per multiprocessor the pooling kernels are compiled for (register budget):
 // tuning knobs, measured on the H200 (benchmarks/bench_compress.py).
@@ -415,8 +433,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
 // ---- cr = 128 -------------------------------------------------------------------------------
 
 // kModePrefill: CompressPlan rows, window per SPEC 3.1 -> out[e].
-// kModeDecode: DecodePlan rows; copy input row e into write_loc (by the row group that pools
-//   that row, which uses the state-rounded registers), pool page read_page_1 -> out[e].
+// kModeDecode: DecodePlan rows; copy the block's channels of input row e into write_loc first
+//   (one value per thread), then pool page read_page_1, which holds that row -> out[e].
 // kModeOnline: online segments (CompressPlan rows); merge with the stored state when the
 //   segment does not start its chunk; p.online_store == 0: out[e] = K, else store (M, S, K)
 //   at read_page_0 (p.out is null).
@@ -426,182 +444,150 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   alignas(16) __shared__ float part[3][kC128RowGroups][kC128Ch];
   constexpr int64_t kInRow = 2 * int64_t(kHd);
   constexpr int64_t kStRow = kMode == kModeOnline ? 3 * int64_t(kHd) : kInRow;
-  using RawIn = typename RawVec<TI, V>::type;
-  using RawSt = typename RawVec<TS, V>::type;
 
   pdl_wait();
-  // Channel slices minor (c128_blocks): the kHd / 64 blocks of an event run side by side and
-  // read its rows whole, which keeps DRAM pages and TLB entries shared.
+  // Channel slices minor (c128_blocks): the kHd / 64 slices of an event run side by side and
+  // read its rows whole, which keeps DRAM pages and TLB entries shared. A decode block may take
+  // several slices of its event in turn (p.slices_per_block, see c128_blocks).
   constexpr int kSlices = kHd / kC128Ch;
-  const int64_t e = blockIdx.x / kSlices;
+  const int spb = (kMode == kModeDecode && p.slices_per_block > 1) ? p.slices_per_block : 1;
+  // kSlices / spb blocks per event, both powers of two (spb: see c128_decode_slices_per_block):
+  // shifts, not divisions.
+  static_assert((kSlices & (kSlices - 1)) == 0, "slices per event must be a power of two");
+  const int group_bits = __ffs(kSlices) - __ffs(spb);
+  const int64_t e = blockIdx.x >> group_bits;
+  const int slice0 = int(blockIdx.x & ((1u << group_bits) - 1)) * spb;
   const int t = int(threadIdx.x);
   const int g = t / kC128Lanes;  // row group: window rows U*g .. U*g+U-1
   const int lane = t % kC128Lanes;
-  const int c0 = int(blockIdx.x % kSlices) * kC128Ch;
-  const int c = c0 + lane * V;
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
 
-  // Decode: input row e at channels c..c+V-1 (kv, score), loaded by the last row group
-  // together with the plan record (the address does not depend on it). A closing step writes
-  // window row 127, which that group pools; a step that closes no window then costs one memory
-  // round trip, not two.
-  constexpr int kLastGroup = kC128RowGroups - 1;
-  RawIn ckr{}, csr{};
-  if constexpr (kMode == kModeDecode) {
-    const bool pre = g == kLastGroup && e < p.num_in_rows;
-    ckr = load_raw_if<TI, V>(pre, in + e * kInRow + c, RawIn{});
-    csr = load_raw_if<TI, V>(pre, in + e * kInRow + kHd + c, RawIn{});
-  }
-
   WindowDesc d{};
   OnlineSegment seg{};
-  int64_t wl = -1;
-  int32_t rw = -1;
-  bool copy = false;
   if constexpr (kMode == kModePrefill) {
     d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 128);
   } else if constexpr (kMode == kModeDecode) {
+    // Copy first: the block's channels of input row e (kv and score halves, V channels per
+    // thread), loaded together with the plan record (the address does not depend on it), go
+    // to state row write_loc before any window row is read; a closing window reads the row
+    // back after the barrier below. A step that closes no window costs one round trip.
+    using RawIn = typename RawVec<TI, V>::type;
+    const int pairs = kC128Lanes * spb;  // V-channel groups of one half of the block's slices
+    const bool score_half = t >= pairs;
+    const bool has = t < 2 * pairs && e < p.num_in_rows;
+    const int64_t at = (score_half ? kHd : 0) + slice0 * kC128Ch + (score_half ? t - pairs : t) * V;
+    const RawIn cv = load_raw_if<TI, V, false>(has, in + e * kInRow + at, RawIn{});
     const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
     d = offline_decode_window(rec, 128);
-    wl = rec.write_loc;
-    copy = wl >= 0 && wl < p.num_state_rows && e < p.num_in_rows;
-    // Window row of the written slot (-1: not in this window): its row group copies.
-    if (d.hi > 0 && d.page1 >= 0 && d.page1 < num_pages(p.num_state_rows, 128)) {
-      const int64_t o = wl - int64_t(d.page1) * 128;
-      rw = (o >= 0 && o < 128) ? int32_t(o) : -1;
+    const int64_t wl = rec.write_loc;
+    if (has && wl >= 0 && wl < p.num_state_rows) {
+      float f[V];
+      unpack(cv, f);
+      store_vec(st + wl * kStRow + at, f);
     }
+    compiler_fence();  // the window loads are asm statements an ordinary store could pass
   } else {
     seg = online_segment(reinterpret_cast<const CompressPlan*>(p.plan)[e]);
     d = seg.win;
   }
-  const bool copier = kMode == kModeDecode && copy && g == (rw >= 0 ? rw / U : kLastGroup);
-  if (kMode == kModeDecode && copier && g != kLastGroup) {
-    // A plan whose write_loc is another row of the window: that row's group loads the row
-    // (plain loads: the streaming ones are the window's, see check_load_batching.py).
-    ckr = *reinterpret_cast<const RawIn*>(in + e * kInRow + c);
-    csr = *reinterpret_cast<const RawIn*>(in + e * kInRow + kHd + c);
-  }
   const WindowRows w = kMode == kModeDecode ? resolve_state_rows(d, 128, p.num_state_rows)
                                             : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
-  // The copy's values held in the state's element type (fewer registers for a bf16 state).
-  const auto copy_row = [&](RawSt& ck, RawSt& cs) {
-    float v[V];
-    unpack(ckr, v);
-    ck = pack(v, st);
-    unpack(csr, v);
-    cs = pack(v, st);
-  };
-  const auto store_copy = [&](const RawSt& ck, const RawSt& cs) {
-    *reinterpret_cast<RawSt*>(st + wl * kStRow + c) = ck;
-    *reinterpret_cast<RawSt*>(st + wl * kStRow + kHd + c) = cs;
-  };
 
   if (kMode != kModeOnline && window_empty(w, 128)) {
-    // Nothing to pool (a decode step that closes none): zeros, and the copy. Uniform across
-    // the block, so no thread is left waiting at the barrier below.
-    if (t < kC128Ch) store_out(p.out, p.out_type, e * kHd + c0 + t, 0.0f);
-    if (copier) {
-      RawSt ck, cs;
-      copy_row(ck, cs);
-      store_copy(ck, cs);
-    }
+    // Nothing to pool (a decode step that closes none): zeros. Uniform across the block, so no
+    // thread is left waiting at a barrier below.
+    if (t < kC128Ch * spb) store_out(p.out, p.out_type, e * kHd + slice0 * kC128Ch + t, 0.0f);
     return;
   }
+  // The copied row, written by other threads of the block, is pooled from memory.
+  if constexpr (kMode == kModeDecode) __syncthreads();
 
-  // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
-  // from their base (online windows have no state rows, whose stride differs).
-  const TI* in_g = in + ((int64_t(w.in_base) + g * U) * kInRow + c);
-  const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
-  bool fs[U], fi[U];
-  const TS* sb[U];
-  int64_t off[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    // A closing cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so
-    // past the empty-window exit every decode row is a state row: no per-row predicate.
-    fs[u] = kMode == kModeDecode || (kMode == kModePrefill && row_from_state(w, 128, g * U + u));
-    fi[u] = kMode != kModeDecode && row_from_input(w, g * U + u);
-    sb[u] = st_g;
-    off[u] = u * kInRow;
-  }
-  float z[U][V], kv[U][V];
-  load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
-  float a[U][V];
-  load_ape_rows<U, V, kHd>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
+  for (int si = 0; si < spb; ++si) {
+    const int c0 = (slice0 + si) * kC128Ch;
+    const int c = c0 + lane * V;
+    if (si > 0) __syncthreads();  // every thread has read part[] of the slice before
 
-  RawSt ck{}, cs{};
-  if constexpr (kMode == kModeDecode) {
-    copy_row(ck, cs);
-#pragma unroll
+    // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
+    // from their base (online windows have no state rows, whose stride differs).
+    const TI* in_g = in + ((int64_t(w.in_base) + g * U) * kInRow + c);
+    const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
+    bool fs[U], fi[U];
+    const TS* sb[U];
+    int64_t off[U];
+  #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (copier && fs[u] && g * U + u == rw) {
-        unpack(ck, kv[u]);
-        unpack(cs, z[u]);
+      // A closing cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so
+      // past the empty-window exit every decode row is a state row: no per-row predicate.
+      fs[u] = kMode == kModeDecode || (kMode == kModePrefill && row_from_state(w, 128, g * U + u));
+      fi[u] = kMode != kModeDecode && row_from_input(w, g * U + u);
+      sb[u] = st_g;
+      off[u] = u * kInRow;
+    }
+    float z[U][V], kv[U][V];
+    load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
+    float a[U][V];
+    load_ape_rows<U, V, kHd>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
+    add_ape(a, z);
+    if (si == 0) pdl_trigger();
+
+    // One partial state per row group and channel; the merge below combines the row groups.
+    SoftmaxState acc[V];
+    fold_window<U, V>(acc, z, kv);
+    {
+      float m[V], sum[V], acc_a[V];
+  #pragma unroll
+      for (int j = 0; j < V; ++j) {
+        m[j] = acc[j].m;
+        sum[j] = acc[j].s;
+        acc_a[j] = acc[j].a;
       }
+      store_vec(&part[0][g][lane * V], m);
+      store_vec(&part[1][g][lane * V], sum);
+      store_vec(&part[2][g][lane * V], acc_a);
     }
-  }
-  add_ape(a, z);
-  pdl_trigger();
+    __syncthreads();
 
-  // One partial state per row group and channel; the merge below combines the row groups.
-  SoftmaxState acc[V];
-  fold_window<U, V>(acc, z, kv);
-  {
-    float m[V], sum[V], acc_a[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      m[j] = acc[j].m;
-      sum[j] = acc[j].s;
-      acc_a[j] = acc[j].a;
-    }
-    store_vec(&part[0][g][lane * V], m);
-    store_vec(&part[1][g][lane * V], sum);
-    store_vec(&part[2][g][lane * V], acc_a);
-  }
-  __syncthreads();
-
-  if (t < kC128Ch) {
-    const int cc = t;
-    const int ch = c0 + cc;
-    // Merge of the partial states: the common max first, then independent rescales.
-    float M = -FLT_MAX;
-#pragma unroll
-    for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
-    float S = 0.0f, A = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kC128RowGroups; ++k) {
-      const float f = fexp(part[0][k][cc] - M);
-      S = fmaf(part[1][k][cc], f, S);
-      A = fmaf(part[2][k][cc], f, A);
-    }
-    SoftmaxState x{M, S, A};
-    if constexpr (kMode == kModeOnline) {
-      if (seg.merge) {
-        SoftmaxState y = softmax_empty();
-        if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
-          const TS* r = st + seg.read_slot * kStRow;
-          y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
-                          load_as_f32(r, 2 * int64_t(kHd) + ch));
+    if (t < kC128Ch) {
+      const int cc = t;
+      const int ch = c0 + cc;
+      // Merge of the partial states: the common max first, then independent rescales.
+      float M = -FLT_MAX;
+  #pragma unroll
+      for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
+      float S = 0.0f, A = 0.0f;
+  #pragma unroll
+      for (int k = 0; k < kC128RowGroups; ++k) {
+        const float f = fexp(part[0][k][cc] - M);
+        S = fmaf(part[1][k][cc], f, S);
+        A = fmaf(part[2][k][cc], f, A);
+      }
+      SoftmaxState x{M, S, A};
+      if constexpr (kMode == kModeOnline) {
+        if (seg.merge) {
+          SoftmaxState y = softmax_empty();
+          if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
+            const TS* r = st + seg.read_slot * kStRow;
+            y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
+                            load_as_f32(r, 2 * int64_t(kHd) + ch));
+          }
+          softmax_merge(y, x);
+          x = y;
         }
-        softmax_merge(y, x);
-        x = y;
-      }
-      if (!p.online_store) {
+        if (!p.online_store) {
+          store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
+        } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
+          TS* r = st + seg.write_slot * kStRow;
+          store_from_f32(r, ch, x.m);
+          store_from_f32(r, kHd + ch, x.s);
+          store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
+        }
+      } else {
         store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
-      } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
-        TS* r = st + seg.write_slot * kStRow;
-        store_from_f32(r, ch, x.m);
-        store_from_f32(r, kHd + ch, x.s);
-        store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
       }
-    } else {
-      store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
     }
-  }
-
-  if (kMode == kModeDecode && copier) store_copy(ck, cs);
+  }  // slices
 }
 
 // ---- online decode ----------------------------------------------------------------------------
