@@ -434,7 +434,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
 
 // kModePrefill: CompressPlan rows, window per SPEC 3.1 -> out[e].
 // kModeDecode: DecodePlan rows; copy the block's channels of input row e into write_loc first
-//   (one value per thread), then pool page read_page_1, which holds that row -> out[e].
+//   (V channels per thread), then pool page read_page_1, which holds that row -> out[e].
 // kModeOnline: online segments (CompressPlan rows); merge with the stored state when the
 //   segment does not start its chunk; p.online_store == 0: out[e] = K, else store (M, S, K)
 //   at read_page_0 (p.out is null).
