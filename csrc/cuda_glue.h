@@ -1,5 +1,5 @@
-// Torch-side helpers for the CUDA/HIP glue of every op family: device guard, current
-// stream, whether PDL may be used on the tensors' device, launch error check.
+// Torch-side helpers for the CUDA/HIP glue of every op family: where kernels launch (stream,
+// PDL, multiprocessor count), the plan-guess test hook, launch error check.
 #pragma once
 
 #include <algorithm>
@@ -10,21 +10,6 @@
 #include "include/dsv4/launch.cuh"
 
 namespace dsv4 {
-
-// PDL exists from sm_90 on; never on HIP. DSV4_OPS_NO_PDL=1 turns it off (for A/B timing).
-inline bool pdl_enabled(const at::Tensor& t) {
-#if defined(USE_ROCM)
-  (void)t;
-  return false;
-#else
-  static const bool disabled = [] {
-    const char* e = std::getenv("DSV4_OPS_NO_PDL");
-    return e != nullptr && e[0] == '1';
-  }();
-  if (disabled) return false;
-  return at::cuda::getDeviceProperties(t.get_device())->major >= 9;
-#endif
-}
 
 // DSV4_OPS_TEST_STALE_PLAN=1 makes every plan guess of the store kernel wrong (load_early in
 // portability.h), so that the tests run the path that reloads from the plan read after the
@@ -37,13 +22,34 @@ inline uint32_t plan_guess_xor() {
   return x;
 }
 
-// Streaming multiprocessors (CUDA) / compute units (HIP) of the tensor's device, at least 1.
-inline int64_t sm_count(const at::Tensor& t) {
-  return std::max(1, at::cuda::getDeviceProperties(t.get_device())->multiProcessorCount);
-}
+// Where and how an op's kernels launch, for the device of tensor t (which the op's device guard
+// has made current), from one device-properties lookup:
+//   stream  the current stream of that device;
+//   pdl     programmatic dependent launch: sm_90 and later, never on HIP; DSV4_OPS_NO_PDL=1
+//           turns it off (for A/B timing);
+//   sms     streaming multiprocessors (CUDA) / compute units (HIP), at least 1.
+struct LaunchEnv {
+  gpuStream_t stream;
+  bool pdl;
+  int64_t sms;
+};
 
-inline gpuStream_t current_stream(const at::Tensor& t) {
-  return at::cuda::getCurrentCUDAStream(t.get_device()).stream();
+inline LaunchEnv launch_env(const at::Tensor& t) {
+  static const bool pdl_disabled = [] {
+    const char* e = std::getenv("DSV4_OPS_NO_PDL");
+    return e != nullptr && e[0] == '1';
+  }();
+  const auto* prop = at::cuda::getDeviceProperties(t.get_device());
+  LaunchEnv env;
+  env.stream = at::cuda::getCurrentCUDAStream(t.get_device()).stream();
+#if defined(USE_ROCM)
+  (void)pdl_disabled;
+  env.pdl = false;
+#else
+  env.pdl = !pdl_disabled && prop->major >= 9;
+#endif
+  env.sms = std::max(1, prop->multiProcessorCount);
+  return env;
 }
 
 }  // namespace dsv4

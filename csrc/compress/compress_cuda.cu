@@ -17,11 +17,10 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Every pass of one call (kHd: the pooling kernels' compile-time head_dim).
 template <typename TS, typename TI, int kHd>
 void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
-                const std::optional<at::Tensor>& plan_w, int64_t sms, gpuStream_t stream,
-                bool pdl) {
+                const std::optional<at::Tensor>& plan_w, const LaunchEnv& env) {
   const Params p = pass_params(base, plan, true);
   const auto launch = [&](auto kernel, int64_t blocks, int threads, const Params& args) {
-    launch_kernel(kernel, grid_1d(blocks), dim3(threads), 0, stream, pdl, args);
+    launch_kernel(kernel, grid_1d(blocks), dim3(threads), 0, env.stream, env.pdl, args);
     DSV4_CHECK_LAUNCH();
   };
   if (cs.online && cs.decode) {
@@ -45,7 +44,7 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
       launch(c4_kernel<TS, TI, false, kHd>, blocks, kC4Block, p);
   } else if (cs.decode) {
     Params pd = p;
-    pd.slices_per_block = c128_decode_slices_per_block(p.num_records, kHd, sms);
+    pd.slices_per_block = c128_decode_slices_per_block(p.num_records, kHd, env.sms);
     const int64_t blocks = c128_blocks(p.num_records, kHd, pd.slices_per_block);
     launch(c128_kernel<TS, TI, kModeDecode, kHd>, blocks, kC128Block, pd);
   } else {
@@ -65,12 +64,11 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
 
 template <typename TS, typename TI>
 void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
-                const std::optional<at::Tensor>& plan_w, int64_t sms, gpuStream_t stream,
-                bool pdl) {
+                const std::optional<at::Tensor>& plan_w, const LaunchEnv& env) {
   if (cs.hd == 512)
-    launch_all<TS, TI, 512>(cs, base, plan, plan_w, sms, stream, pdl);
+    launch_all<TS, TI, 512>(cs, base, plan, plan_w, env);
   else
-    launch_all<TS, TI, 128>(cs, base, plan, plan_w, sms, stream, pdl);
+    launch_all<TS, TI, 128>(cs, base, plan, plan_w, env);
 }
 
 void compress_forward_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_score_input,
@@ -84,19 +82,17 @@ void compress_forward_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_scor
   check_gpu_alignment(kv_score_buffer, kv_score_input, ape, plan, plan_w, out);
   const c10::cuda::OptionalCUDAGuard guard(kv_score_buffer.device());
   const Params base = make_params(cs, kv_score_buffer, kv_score_input, ape, out);
-  const gpuStream_t stream = current_stream(kv_score_buffer);
-  const bool pdl = pdl_enabled(kv_score_buffer);
-  const int64_t sms = sm_count(kv_score_buffer);
+  const LaunchEnv env = launch_env(kv_score_buffer);
   const bool st_bf16 = kv_score_buffer.scalar_type() == at::kBFloat16;
   const bool in_bf16 = kv_score_input.scalar_type() == at::kBFloat16;
   if (!st_bf16 && !in_bf16)
-    launch_all<float, float>(cs, base, plan, plan_w, sms, stream, pdl);
+    launch_all<float, float>(cs, base, plan, plan_w, env);
   else if (!st_bf16 && in_bf16)
-    launch_all<float, uint16_t>(cs, base, plan, plan_w, sms, stream, pdl);
+    launch_all<float, uint16_t>(cs, base, plan, plan_w, env);
   else if (st_bf16 && !in_bf16)
-    launch_all<uint16_t, float>(cs, base, plan, plan_w, sms, stream, pdl);
+    launch_all<uint16_t, float>(cs, base, plan, plan_w, env);
   else
-    launch_all<uint16_t, uint16_t>(cs, base, plan, plan_w, sms, stream, pdl);
+    launch_all<uint16_t, uint16_t>(cs, base, plan, plan_w, env);
 }
 
 }  // namespace

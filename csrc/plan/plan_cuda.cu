@@ -36,8 +36,9 @@ at::Tensor decode_cuda(const char* op, const PlanParams& p, const at::Tensor& re
   const int64_t B = rpi.size(0);
   DSV4_CHECK(B <= kMaxInt32, op, "req_pool_indices", "batch size must be < 2^31, got ", B);
   at::Tensor plan = at::empty({B, int64_t(sizeof(DecodePlan))}, rpi.options().dtype(at::kByte));
+  const LaunchEnv env = launch_env(rpi);
   launch_kernel(plan_decode_kernel<kPlanBlock>, dim3(unsigned(blocks_for(B, kPlanBlock))),
-                dim3(kPlanBlock), 0, current_stream(rpi), pdl_enabled(rpi), p,
+                dim3(kPlanBlock), 0, env.stream, env.pdl, p,
                 rpi.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), int32_t(B),
                 reinterpret_cast<DecodePlan*>(plan.data_ptr<uint8_t>()));
   DSV4_CHECK_LAUNCH();
@@ -52,8 +53,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
   const at::Tensor rpi = req_pool_indices.contiguous();
   const int64_t B = rpi.size(0);
   const at::Device dev = rpi.device();
-  const gpuStream_t stream = current_stream(rpi);
-  const bool pdl = pdl_enabled(rpi);
+  const LaunchEnv env = launch_env(rpi);
   plan::PrefillOutputs o = plan::prefill_outputs(p, num_q_tokens, dev);
   const std::vector<int64_t> offs_shape = {B + 1, int64_t(sizeof(ReqOffsets) / sizeof(int32_t))};
   InlineOffsets inl{};
@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
       // At least one block, even without plan rows: block 0 writes the counts.
       launch_kernel(plan_prefill_fused_kernel<kPlanBlock>,
                     dim3(unsigned(std::max<int64_t>(1, blocks_for(num_q_tokens, kPlanBlock)))),
-                    dim3(kPlanBlock), 0, stream, pdl, p, rpi.data_ptr<int64_t>(),
+                    dim3(kPlanBlock), 0, env.stream, env.pdl, p, rpi.data_ptr<int64_t>(),
                     sl.data_ptr<int64_t>(), el.data_ptr<int64_t>(), int32_t(B), num_q_tokens,
                     counts.data_ptr<int32_t>(), o.plan_c.data_ptr<uint8_t>(),
                     o.plan_w.data_ptr<uint8_t>());
@@ -97,15 +97,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
     int64_t threads = ((B + 63) / 64) * 64;
     threads = threads < 64 ? 64 : (threads > kPlanScanBlock ? kPlanScanBlock : threads);
     launch_kernel(plan_prefill_scan_kernel<kPlanScanBlock>, dim3(1), dim3(unsigned(threads)), 0,
-                  stream, pdl, p, sl.data_ptr<int64_t>(), el.data_ptr<int64_t>(), int32_t(B),
+                  env.stream, env.pdl, p, sl.data_ptr<int64_t>(), el.data_ptr<int64_t>(), int32_t(B),
                   num_q_tokens, reinterpret_cast<ReqOffsets*>(offs_dev.data_ptr<int32_t>()),
                   counts.data_ptr<int32_t>());
     DSV4_CHECK_LAUNCH();
     offs = reinterpret_cast<const ReqOffsets*>(offs_dev.data_ptr<int32_t>());
   }
   launch_kernel(plan_prefill_emit_kernel<kPlanBlock>,
-                dim3(unsigned(blocks_for(num_q_tokens, kPlanBlock))), dim3(kPlanBlock), 0, stream,
-                pdl, p, rpi.data_ptr<int64_t>(), offs, inl, int32_t(B), int32_t(num_q_tokens),
+                dim3(unsigned(blocks_for(num_q_tokens, kPlanBlock))), dim3(kPlanBlock), 0,
+                env.stream, env.pdl, p, rpi.data_ptr<int64_t>(), offs, inl, int32_t(B), int32_t(num_q_tokens),
                 o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());
   DSV4_CHECK_LAUNCH();
   return {o.plan_c, o.plan_w, counts};

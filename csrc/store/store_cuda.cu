@@ -13,29 +13,28 @@ namespace {
 bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
 template <int kFormat, typename KvT>
-void launch_store(const StoreKernelArgs& a, int64_t sms, gpuStream_t stream, bool pdl) {
+void launch_store(const StoreKernelArgs& a, const LaunchEnv& env) {
   // Whole 64-thread multiples (AMD wavefronts), at most kStoreMaxBlockThreads; fewer when
   // the rows would not fill every SM: a decode step's handful of rows then runs on as many
   // SMs (measured on the H200, 8 fp8_ds_mla rows under graph replay: 1.94 us in one block of
   // 256 threads, 1.59 us in four of 64).
-  const int64_t rows_per_sm = (a.n_rows + sms - 1) / sms;
+  const int64_t rows_per_sm = (a.n_rows + env.sms - 1) / env.sms;
   const int threads = int(std::min<int64_t>(kStoreMaxBlockThreads,
                                             (rows_per_sm * kLaneGroup + 63) / 64 * 64));
   const int64_t tokens_per_block = threads / kLaneGroup;
   const int64_t blocks = (a.n_rows + tokens_per_block - 1) / tokens_per_block;
   DSV4_CHECK(blocks <= int64_t(0x7fffffff), kStoreOp, "kv", "has too many rows (", a.n_rows, ")");
   launch_kernel(compress_norm_rope_store_kernel<kFormat, KvT>, dim3(unsigned(blocks)),
-                dim3(unsigned(threads)), 0, stream, pdl, a);
+                dim3(unsigned(threads)), 0, env.stream, env.pdl, a);
 }
 
 template <typename KvT>
-void launch_for_format(int format, const StoreKernelArgs& a, int64_t sms, gpuStream_t stream,
-                       bool pdl) {
+void launch_for_format(int format, const StoreKernelArgs& a, const LaunchEnv& env) {
   switch (format) {
-    case kStoreFp8DsMla: return launch_store<kStoreFp8DsMla, KvT>(a, sms, stream, pdl);
-    case kStoreBf16: return launch_store<kStoreBf16, KvT>(a, sms, stream, pdl);
-    case kStoreFp8Indexer: return launch_store<kStoreFp8Indexer, KvT>(a, sms, stream, pdl);
-    default: return launch_store<kStoreFp4Indexer, KvT>(a, sms, stream, pdl);
+    case kStoreFp8DsMla: return launch_store<kStoreFp8DsMla, KvT>(a, env);
+    case kStoreBf16: return launch_store<kStoreBf16, KvT>(a, env);
+    case kStoreFp8Indexer: return launch_store<kStoreFp8Indexer, KvT>(a, env);
+    default: return launch_store<kStoreFp4Indexer, KvT>(a, env);
   }
 }
 
@@ -73,13 +72,11 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   a.vec_out = aligned(a.cache, 8) && g.page_bytes % 8 == 0;
   a.guess_xor = plan_guess_xor();
 
-  const gpuStream_t stream = current_stream(kvcache);
-  const bool pdl = pdl_enabled(kvcache);
-  const int64_t sms = sm_count(kvcache);
+  const LaunchEnv env = launch_env(kvcache);
   if (kv.scalar_type() == at::kBFloat16)
-    launch_for_format<uint16_t>(g.format, a, sms, stream, pdl);
+    launch_for_format<uint16_t>(g.format, a, env);
   else
-    launch_for_format<float>(g.format, a, sms, stream, pdl);
+    launch_for_format<float>(g.format, a, env);
   DSV4_CHECK_LAUNCH();
 }
 
