@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <vector>
 
 #include "compress/compress_checks.h"
@@ -46,6 +47,10 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
                  SoftmaxState* scratch) {
   const int cr = c.p.cr, hd = c.p.hd;
   const WindowRows w = resolve_rows(d, cr, c.p.num_state_rows, c.p.num_in_rows);
+  if (window_empty(w, cr)) {  // e.g. an invalid record: nothing to fold or merge
+    for (int ch = 0; ch < hd; ++ch) res[ch] = softmax_empty();
+    return;
+  }
   const int groups = cr == 4 ? 1 : kC128Groups;
   const int group_rows = cr == 4 ? 8 : kC128GroupRows;
   for (int g = 0; g < groups; ++g) {
@@ -126,11 +131,32 @@ void offline_decode(const Ctx<TS, TI>& c) {
   });
 }
 
+// The end of the records that are not part of a trailing run of invalid ones. A padded
+// (CUDA-graph or traced) plan ends in such a run (SPEC 3.3); the threads split the records
+// before it, and its rows are zeros (static chunks over all num_q records left the valid
+// quarter of a cr 4 plan to a quarter of the threads).
+int64_t valid_end(const CompressPlan* plan, int64_t n) {
+  for (CompressPlan rec; n > 0; --n) {
+    std::memcpy(&rec, plan + n - 1, sizeof(rec));
+    if (is_valid(rec)) break;
+  }
+  return n;
+}
+
+template <typename TS, typename TI>
+void write_zero_rows(const Ctx<TS, TI>& c, int64_t k0, int64_t k1) {
+  at::parallel_for(k0, k1, 64, [&](int64_t a, int64_t b) {
+    for (int64_t k = a; k < b; ++k) write_out(c, k, nullptr);
+  });
+}
+
 // Offline prefill: every compress record first (reads the pre-write state), then the writes.
 template <typename TS, typename TI>
 void offline_prefill(const Ctx<TS, TI>& c, const uint8_t* plan_w, int64_t num_w) {
   const auto* plan = reinterpret_cast<const CompressPlan*>(c.p.plan);
-  at::parallel_for(0, c.p.num_records, 1, [&](int64_t k0, int64_t k1) {
+  const int64_t pooled = valid_end(plan, c.p.num_records);
+  write_zero_rows(c, pooled, c.p.num_records);
+  at::parallel_for(0, pooled, 1, [&](int64_t k0, int64_t k1) {
     const size_t hd = static_cast<size_t>(c.p.hd);
     std::vector<SoftmaxState> res(hd), scratch(hd);
     for (int64_t k = k0; k < k1; ++k) {
@@ -205,7 +231,9 @@ template <typename TS, typename TI>
 void online_prefill_pass(const Ctx<TS, TI>& c, bool store) {
   const auto* plan = reinterpret_cast<const CompressPlan*>(c.p.plan);
   const int hd = c.p.hd;
-  at::parallel_for(0, c.p.num_records, 1, [&](int64_t k0, int64_t k1) {
+  const int64_t pooled = valid_end(plan, c.p.num_records);  // the rest: out zeros, no store
+  if (!store) write_zero_rows(c, pooled, c.p.num_records);
+  at::parallel_for(0, pooled, 1, [&](int64_t k0, int64_t k1) {
     std::vector<SoftmaxState> res(static_cast<size_t>(hd)), scratch(static_cast<size_t>(hd));
     for (int64_t k = k0; k < k1; ++k) {
       CompressPlan rec;

@@ -35,16 +35,21 @@ struct CpuStoreArgs {
   int compress_ratio;
 };
 
-// Normalise, rotate, (Hadamard) and store token t. Returns without writing for inactive rows.
-void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
+// Whether plan row t stores a token, and its out_loc index and rope position.
+bool row_target(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t, int64_t* loc_index,
+                int64_t* pos) {
   const uint8_t* rec = a.plan + t * 16;
   uint32_t seq_len, word1;
   std::memcpy(&seq_len, rec, 4);
   std::memcpy(&word1, rec + 4, 4);
+  return store_row_target(seq_len, int32_t(word1), a.is_decode, a.compress_ratio, t,
+                          g.num_out_loc, g.max_pos, loc_index, pos);
+}
+
+// Normalise, rotate, (Hadamard) and store token t. Returns without writing for inactive rows.
+void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
   int64_t loc_index = 0, pos = 0;
-  if (!store_row_target(seq_len, int32_t(word1), a.is_decode, a.compress_ratio, t, g.num_out_loc,
-                        g.max_pos, &loc_index, &pos))
-    return;
+  if (!row_target(g, a, t, &loc_index, &pos)) return;
   const int64_t loc = a.loc64 ? static_cast<const int64_t*>(a.out_loc)[loc_index]
                               : int64_t(static_cast<const int32_t*>(a.out_loc)[loc_index]);
   const int64_t page = store_page_of(loc, g.log2_page_size, g.num_pages);
@@ -149,7 +154,12 @@ void compress_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& plan,
   a.eps = float(eps);
   a.is_decode = is_decode;
   a.compress_ratio = int(compress_ratio);
-  at::parallel_for(0, g.n_rows, 16, [&](int64_t begin, int64_t end) {
+  // A padded (CUDA-graph) prefill plan ends in rows that store nothing. The threads split the
+  // rows up to the last one that stores, so that each gets its share of the real work (static
+  // chunks of all num_q rows left the valid quarter of a cr 4 plan to a quarter of them).
+  int64_t rows = g.n_rows;
+  for (int64_t li = 0, pi = 0; rows > 0 && !row_target(g, a, rows - 1, &li, &pi);) --rows;
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) store_token(g, a, t);
   });
 }
