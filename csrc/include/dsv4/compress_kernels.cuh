@@ -387,8 +387,9 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   }
   const WindowRows w = kDecode ? resolve_state_rows(d, 4, p.num_state_rows)
                                : resolve_rows(d, 4, p.num_state_rows, p.num_in_rows);
-  if (kDecode && window_empty(w, 4)) {
-    // A step that closes no window (three in four): zeros, without the ape loads and the fold.
+  if (window_empty(w, 4)) {
+    // Nothing to pool: zeros, without the ape loads and the fold. Decode: a step that closes
+    // no window (three in four); prefill: an invalid record (the tail of a padded plan).
     pdl_trigger();
     if (active) {
       const float zero[V] = {};

@@ -189,8 +189,10 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   pdl_trigger();
   if (!active) return;
 
-  // Round 1: the plan record (broadcast to the group), the norm weights and the row, and the
-  // destination and rope (cos, sin) pairs of the guessed record.
+  // Round 1: the plan record (broadcast to the group), and for the guessed record its
+  // destination, rope (cos, sin) pairs, norm weights and row. A row the guess says stores
+  // nothing (the invalid tail of a padded CUDA-graph plan) loads none of them, so a padded plan
+  // costs its valid rows' traffic only.
   uint32_t seq_len, word1;
   if (a.vec_in) {
     const uint2 q = load_after_wait(reinterpret_cast<const uint2*>(rec), early);
@@ -202,18 +204,19 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
     word1 = uint32_t(rec[4]) | (uint32_t(rec[5]) << 8) | (uint32_t(rec[6]) << 16) |
             (uint32_t(rec[7]) << 24);
   }
-  float w[kJ][4];
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    if (a.w_bf16)
-      load4(static_cast<const uint16_t*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
-    else
-      load4(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
-  }
-  float x[kJ][4];
+  float w[kJ][4], x[kJ][4];
   const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
+  const auto load_inputs = [&] {
 #pragma unroll
-  for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
+    for (int j = 0; j < kJ; ++j) {
+      if (a.w_bf16)
+        load4(static_cast<const uint16_t*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
+      else
+        load4(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
+  };
   // Destination and the rope lanes' (cos, sin) pairs of record (sl, w1); false: the row
   // stores nothing.
   const bool rope_lane = lane >= kLaneGroup / 2;  // dims hd-64.. live in chunk kJ-1, lanes 16..31
@@ -230,7 +233,12 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
     return true;
   };
   bool stores = load_target(guess.x, guess.y);
-  if (seq_len != guess.x || word1 != guess.y) stores = load_target(seq_len, word1);
+  if (stores) load_inputs();
+  if (seq_len != guess.x || word1 != guess.y) {
+    const bool loaded = stores;
+    stores = load_target(seq_len, word1);
+    if (stores && !loaded) load_inputs();
+  }
   if (!stores) return;  // inactive row: writes nothing
 
   const int64_t page = store_page_of(loc, a.log2_page_size, a.num_pages);
