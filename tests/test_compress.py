@@ -324,6 +324,19 @@ def run_offline_scenario(sim, cr):
     assert sim.tokens_checked > 0
 
 
+def test_padded_prefill_many_records(device):
+    """cr = 128 prefill with padded plans of over a thousand records, most of them invalid (the
+    num_q-row plans of CUDA-graph capture): every valid record pools as the reference says,
+    every invalid row is zeros, and the state rows are written. Large enough (over 16 waves
+    of one-record blocks on an H200) to cover a GPU launch that gives a block several
+    records."""
+    sim = OfflineSim(device, 128, 512, max_len=1400, seed=11)
+    sim.prefill([(2, 900), (0, 300), (3, 5)], pad=True)
+    sim.prefill([(2, 260), (0, 700)], pad=True)
+    sim.decode([0, 2, 3])
+    assert sim.tokens_checked > 0
+
+
 DTYPE_COMBOS = [(s, i, o) for s in (F32, BF16) for i in (F32, BF16) for o in (F32, BF16)]
 
 
@@ -815,6 +828,16 @@ def run_online_scenario(sim):
                          ids=[f"s{str(s)[6:]}-i{str(i)[6:]}-o{str(o)[6:]}" for s, i, o in DTYPE_COMBOS])
 def test_online_sequences(device, hd, sdt, idt, odt):
     run_online_scenario(OnlineSim(device, hd, sdt, idt, odt, max_len=470, seed=hd))
+
+
+def test_online_padded_prefill_many_records(device):
+    """Online prefill with padded plans of over a thousand records, most of them invalid: valid
+    segments as the reference, zeros for the invalid rows, and only the valid segments'
+    states stored."""
+    sim = OnlineSim(device, 512, max_len=1400, seed=12)
+    sim.prefill([(1, 900), (0, 300), (3, 5)], pad=True)
+    sim.prefill([(1, 260), (0, 700)], pad=True)
+    sim.decode([0, 1, 3])
 
 
 def test_online_decode_closes_chunk(device):
