@@ -337,6 +337,17 @@ def test_padded_prefill_many_records(device):
     assert sim.tokens_checked > 0
 
 
+@pytest.mark.parametrize("cr,tokens", [(4, 17000), (128, 34000)])
+def test_padded_prefill_strided_blocks(device, cr, tokens):
+    """A padded prefill long enough that on an H200 a pooling block takes several records in
+    turn, strided by the grid, with valid records past the first stride (more valid records
+    than the grid has blocks: over 4224 for cr 4, 264 for cr 128, hd 512): those pool in a
+    block's later turns, after the barrier between records (cr 128)."""
+    sim = OfflineSim(device, cr, 512, n_req=2, max_len=tokens + 600, seed=cr)
+    sim.prefill([(1, tokens), (0, 600)], pad=True)
+    assert sim.tokens_checked == tokens // cr + 600 // cr
+
+
 DTYPE_COMBOS = [(s, i, o) for s in (F32, BF16) for i in (F32, BF16) for o in (F32, BF16)]
 
 
@@ -838,6 +849,14 @@ def test_online_padded_prefill_many_records(device):
     sim.prefill([(1, 900), (0, 300), (3, 5)], pad=True)
     sim.prefill([(1, 260), (0, 700)], pad=True)
     sim.decode([0, 1, 3])
+
+
+def test_online_padded_prefill_strided_blocks(device):
+    """Online prefill, padded, with more valid chunks than an H200 grid has blocks (264): the
+    chunks past the first stride pool in a block's later turns."""
+    sim = OnlineSim(device, 512, n_req=2, max_len=34700, seed=13)
+    sim.prefill([(1, 34000), (0, 650)], pad=True)
+    sim.decode([0, 1])
 
 
 def test_online_decode_closes_chunk(device):

@@ -23,6 +23,12 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
     launch_kernel(kernel, grid_1d(blocks), dim3(threads), 0, env.stream, env.pdl, args);
     DSV4_CHECK_LAUNCH();
   };
+  // c128 prefill / online: records per block (c128_records_per_block) set the grid.
+  const auto launch_c128_records = [&](auto kernel, Params args) {
+    args.records_per_block = c128_records_per_block(args.num_records, kHd, env.sms);
+    launch(kernel, c128_record_blocks(args.num_records, kHd, args.records_per_block), kC128Block,
+           args);
+  };
   if (cs.online && cs.decode) {
     launch(online_decode_kernel<TS, TI>, ceil_div(p.num_records, kBlock / (kHd / kVec)), kBlock, p);
     return;
@@ -32,23 +38,24 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
     Params pw = pass_params(base, *plan_w, false);
     pw.online_store = 1;
     const auto online = c128_kernel<TS, TI, kModeOnline, kHd>;
-    launch(online, c128_blocks(p.num_records, kHd), kC128Block, p);
-    launch(online, c128_blocks(pw.num_records, kHd), kC128Block, pw);
+    launch_c128_records(online, p);
+    launch_c128_records(online, pw);
     return;
   }
   if (cs.cr == 4) {
-    const int64_t blocks = ceil_div(p.num_records, kC4Block / (kHd / kVec));
+    const int64_t groups = ceil_div(p.num_records, kC4Block / (kHd / kVec));
     if (cs.decode)
-      launch(c4_kernel<TS, TI, true, kHd>, blocks, kC4Block, p);
-    else
-      launch(c4_kernel<TS, TI, false, kHd>, blocks, kC4Block, p);
+      launch(c4_kernel<TS, TI, true, kHd>, groups, kC4Block, p);
+    else  // resident blocks: DSV4_C4_MIN_BLOCKS per SM
+      launch(c4_kernel<TS, TI, false, kHd>,
+             strided_unit_groups(groups, 1, DSV4_C4_MIN_BLOCKS * env.sms, kC4MaxTurns), kC4Block, p);
   } else if (cs.decode) {
     Params pd = p;
     pd.slices_per_block = c128_decode_slices_per_block(p.num_records, kHd, env.sms);
     const int64_t blocks = c128_blocks(p.num_records, kHd, pd.slices_per_block);
     launch(c128_kernel<TS, TI, kModeDecode, kHd>, blocks, kC128Block, pd);
   } else {
-    launch(c128_kernel<TS, TI, kModePrefill, kHd>, c128_blocks(p.num_records, kHd), kC128Block, p);
+    launch_c128_records(c128_kernel<TS, TI, kModePrefill, kHd>, p);
   }
   if (!cs.decode) {
     // Writes strictly after every compress read of this call (stream order / PDL wait).

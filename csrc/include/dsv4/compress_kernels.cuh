@@ -55,6 +55,7 @@ constexpr int kBlock = 256;  // online decode and row writes
 enum : int { kModePrefill = 0, kModeDecode = 1, kModeOnline = 2 };
 
 constexpr int kC4Block = 128;                               // c4_kernel threads per block
+constexpr int kC4MaxTurns = 32;  // c4 prefill: most record groups a block takes in turn
 constexpr int kC128Ch = 64;                                 // c128_kernel channels per block
 constexpr int kC128Vec = 2;                                 // channels per c128_kernel thread
 constexpr int kC128Lanes = kC128Ch / kC128Vec;              // 32 threads across those channels
@@ -79,6 +80,34 @@ inline int c128_decode_slices_per_block(int64_t events, int hd, int64_t sms) {
   const int64_t waves = c128_blocks(events, hd) / (4 * sms);  // 4 resident blocks per SM
   const int spb = waves >= 4 ? 4 : (waves >= 2 ? 2 : 1);
   return spb < hd / kC128Ch ? spb : hd / kC128Ch;
+}
+
+// Grid of a prefill / online pooling launch whose blocks take their units (c128: records; c4:
+// a block's group of records) in turn, strided by the grid. A padded (CUDA-graph,
+// device-length) plan has num_q records, most of them invalid, and one block per unit (262144
+// c128 blocks for 8 x 4096 tokens) spends a block launch and a plan-read round trip on each.
+// Up to 16 waves of `wave` resident blocks, every unit has its own block(s); past that the
+// grid is 8 waves (each unit spans blocks_per_unit blocks), and at least units / max_per_block
+// unit groups. A trimmed plan of that size (a very large prefill) then pools its units in
+// turn instead of in waves. Returns the number of unit groups (the stride).
+inline int64_t strided_unit_groups(int64_t units, int64_t blocks_per_unit, int64_t wave,
+                                   int64_t max_per_block) {
+  if (units * blocks_per_unit <= 16 * wave) return units;
+  const int64_t groups = (8 * wave + blocks_per_unit - 1) / blocks_per_unit;
+  const int64_t floor_groups = (units + max_per_block - 1) / max_per_block;
+  return groups > floor_groups ? groups : floor_groups;
+}
+
+// c128 prefill / online (Params::records_per_block): a block of several records reads all
+// their plan records at once into shared memory, writes the zeros of the invalid ones and
+// pools the valid ones. Resident blocks: two 512-thread blocks per SM (DSV4_C128_MIN_BLOCKS).
+constexpr int kC128MaxRecords = 512;
+inline int c128_records_per_block(int64_t records, int hd, int64_t sms) {
+  const int64_t groups = strided_unit_groups(records, hd / kC128Ch, 2 * sms, kC128MaxRecords);
+  return groups > 0 ? int((records + groups - 1) / groups) : 1;
+}
+inline int64_t c128_record_blocks(int64_t records, int hd, int records_per_block) {
+  return (records + records_per_block - 1) / records_per_block * (hd / kC128Ch);
 }
 
 // Resident blocks per multiprocessor the pooling kernels are compiled for (register budget):
@@ -337,18 +366,18 @@ DSV4_DEVICE void fold_window(SoftmaxState (&acc)[V], const float (&z)[U][V],
 // the window from the state, which then holds the just-written row (the thread that writes
 // channels c..c+3 of that row is the one that reads them back: program order, no barrier).
 // kHd (128 / 512) is a template parameter so that every row offset is a constant.
+// c4_record_group pools one block's group of kC4Block / (kHd / kVec) records; prefill: `recs`
+// holds the group's plan records (global memory, or shared for a block of several turns).
 template <typename TS, typename TI, bool kDecode, int kHd>
-__global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
+DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressPlan* recs) {
   constexpr int V = kVec;
   constexpr int kLanes = kHd / V;  // threads of one event: 32 (hd 128) / 128 (hd 512)
   constexpr int64_t kRow = 4 * int64_t(kHd);  // input and state rows
-  static_assert(kC4Block % kLanes == 0, "events tile a block");
-  using RawIn = typename RawVec<TI, V>::type;
-  pdl_wait();
   const int t = int(threadIdx.x);
-  const int64_t e = int64_t(blockIdx.x) * (kC4Block / kLanes) + t / kLanes;
+  const int64_t e = group * (kC4Block / kLanes) + t / kLanes;
   const int c = (t % kLanes) * V;
   const bool active = e < p.num_records;
+  using RawIn = typename RawVec<TI, V>::type;
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
@@ -382,7 +411,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
       // these stores.
       compiler_fence();
     } else {
-      d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 4);
+      d = offline_prefill_window(recs[t / kLanes], 4);
     }
   }
   const WindowRows w = kDecode ? resolve_state_rows(d, 4, p.num_state_rows)
@@ -431,7 +460,50 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   store_out_vec(p.out, p.out_type, e * kHd + c, res);
 }
 
+template <typename TS, typename TI, bool kDecode, int kHd>
+__global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
+  constexpr int kGroup = kC4Block / (kHd / kVec);  // records of one block at a time
+  static_assert(kC4Block % (kHd / kVec) == 0, "events tile a block");
+  pdl_wait();
+  if constexpr (kDecode) {
+    c4_record_group<TS, TI, true, kHd>(p, blockIdx.x, nullptr);
+  } else {
+    // A long (padded) plan: the block takes groups blockIdx.x + j * gridDim.x in turn
+    // (strided_unit_groups, at most kC4MaxTurns), their plan records read at once, so that a
+    // turn of invalid records costs no memory round trip.
+    __shared__ CompressPlan recs[kC4MaxTurns * kGroup];
+    const int64_t groups = (p.num_records + kGroup - 1) / kGroup;
+    const CompressPlan* src = reinterpret_cast<const CompressPlan*>(p.plan);
+    int turns = 1;
+    if (int64_t(gridDim.x) >= groups) {
+      src += int64_t(blockIdx.x) * kGroup;
+    } else {
+      turns = int((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);
+      for (int k = int(threadIdx.x); k < turns * kGroup; k += kC4Block) {
+        const int64_t e = (blockIdx.x + int64_t(k / kGroup) * gridDim.x) * kGroup + k % kGroup;
+        if (e < p.num_records) recs[k] = src[e];
+      }
+      __syncthreads();
+      src = recs;
+    }
+    for (int j = 0; j < turns; ++j)
+      c4_record_group<TS, TI, false, kHd>(p, blockIdx.x + int64_t(j) * gridDim.x, src + j * kGroup);
+  }
+}
+
 // ---- cr = 128 -------------------------------------------------------------------------------
+
+// Whether a c128 prefill record / online segment pools anything (the kernel's test below):
+// the invalid records of a padded plan do not.
+template <int kMode>
+DSV4_DEVICE bool c128_record_pools(const Params& p, const CompressPlan& rec) {
+  if constexpr (kMode == kModeOnline) {
+    return online_segment(rec).valid;
+  } else {
+    const WindowDesc d = offline_prefill_window(rec, 128);
+    return !window_empty(resolve_rows(d, 128, p.num_state_rows, p.num_in_rows), 128);
+  }
+}
 
 // kModePrefill: CompressPlan rows, window per SPEC 3.1 -> out[e].
 // kModeDecode: DecodePlan rows; copy the block's channels of input row e into write_loc first
@@ -456,7 +528,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   // shifts, not divisions.
   static_assert((kSlices & (kSlices - 1)) == 0, "slices per event must be a power of two");
   const int group_bits = __ffs(kSlices) - __ffs(spb);
-  const int64_t e = blockIdx.x >> group_bits;
+  const int64_t e0 = blockIdx.x >> group_bits;
   const int slice0 = int(blockIdx.x & ((1u << group_bits) - 1)) * spb;
   const int t = int(threadIdx.x);
   const int g = t / kC128Lanes;  // row group: window rows U*g .. U*g+U-1
@@ -465,130 +537,179 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
 
-  WindowDesc d{};
-  OnlineSegment seg{};
-  if constexpr (kMode == kModePrefill) {
-    d = offline_prefill_window(reinterpret_cast<const CompressPlan*>(p.plan)[e], 128);
-  } else if constexpr (kMode == kModeDecode) {
-    // Copy first: the block's channels of input row e (kv and score halves, V channels per
-    // thread), loaded together with the plan record (the address does not depend on it), go
-    // to state row write_loc before any window row is read; a closing window reads the row
-    // back after the barrier below. A step that closes no window costs one round trip.
-    using RawIn = typename RawVec<TI, V>::type;
-    const int pairs = kC128Lanes * spb;  // V-channel groups of one half of the block's slices
-    const bool score_half = t >= pairs;
-    const bool has = t < 2 * pairs && e < p.num_in_rows;
-    const int64_t at = (score_half ? kHd : 0) + slice0 * kC128Ch + (score_half ? t - pairs : t) * V;
-    const RawIn cv = load_raw_if<TI, V, false>(has, in + e * kInRow + at, RawIn{});
-    const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
-    d = offline_decode_window(rec, 128);
-    const int64_t wl = rec.write_loc;
-    if (has && wl >= 0 && wl < p.num_state_rows) {
-      float f[V];
-      unpack(cv, f);
-      store_vec(st + wl * kStRow + at, f);
-    }
-    compiler_fence();  // the window loads are asm statements an ordinary store could pass
-  } else {
-    seg = online_segment(reinterpret_cast<const CompressPlan*>(p.plan)[e]);
-    d = seg.win;
-  }
-  const WindowRows w = kMode == kModeDecode ? resolve_state_rows(d, 128, p.num_state_rows)
-                                            : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
-
-  if (kMode != kModeOnline && window_empty(w, 128)) {
-    // Nothing to pool (a decode step that closes none): zeros. Uniform across the block, so no
-    // thread is left waiting at a barrier below.
-    if (t < kC128Ch * spb) store_out(p.out, p.out_type, e * kHd + slice0 * kC128Ch + t, 0.0f);
-    return;
-  }
-  // The copied row, written by other threads of the block, is pooled from memory.
-  if constexpr (kMode == kModeDecode) __syncthreads();
-
-  for (int si = 0; si < spb; ++si) {
-    const int c0 = (slice0 + si) * kC128Ch;
-    const int c = c0 + lane * V;
-    if (si > 0) __syncthreads();  // every thread has read part[] of the slice before
-
-    // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
-    // from their base (online windows have no state rows, whose stride differs).
-    const TI* in_g = in + ((int64_t(w.in_base) + g * U) * kInRow + c);
-    const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
-    bool fs[U], fi[U];
-    const TS* sb[U];
-    int64_t off[U];
-  #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      // A closing cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so
-      // past the empty-window exit every decode row is a state row: no per-row predicate.
-      fs[u] = kMode == kModeDecode || (kMode == kModePrefill && row_from_state(w, 128, g * U + u));
-      fi[u] = kMode != kModeDecode && row_from_input(w, g * U + u);
-      sb[u] = st_g;
-      off[u] = u * kInRow;
-    }
-    float z[U][V], kv[U][V];
-    load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
-    float a[U][V];
-    load_ape_rows<U, V, kHd>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
-    add_ape(a, z);
-    if (si == 0) pdl_trigger();
-
-    // One partial state per row group and channel; the merge below combines the row groups.
-    SoftmaxState acc[V];
-    fold_window<U, V>(acc, z, kv);
-    {
-      float m[V], sum[V], acc_a[V];
-  #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        m[j] = acc[j].m;
-        sum[j] = acc[j].s;
-        acc_a[j] = acc[j].a;
+  // Records e0 + k * stride, k < nrec (c128_records_per_block; decode: one). With more than
+  // one (a long, padded plan), a thread per record reads its plan record, all in one round
+  // trip, and sorts it: order[0, n_pool) are the records to pool, order[nrec - n_zero, nrec)
+  // those that pool nothing. The block writes the zero rows of the latter together, then pools
+  // the former in turn. Which of its records a block pools first changes no result.
+  const int nrec = (kMode != kModeDecode && p.records_per_block > 1) ? p.records_per_block : 1;
+  const int64_t stride = int64_t(gridDim.x) >> group_bits;
+  constexpr int kMaxRecs = kMode == kModeDecode ? 1 : kC128MaxRecords;
+  static_assert(kC128MaxRecords <= kC128Block, "one thread reads and sorts each record");
+  __shared__ CompressPlan recs[kMaxRecs];
+  __shared__ int16_t order[kMaxRecs];
+  __shared__ int n_pool, n_zero;
+  int to_pool = 1;
+  const CompressPlan* src = reinterpret_cast<const CompressPlan*>(p.plan) + e0;  // record k
+  if constexpr (kMode != kModeDecode) {
+    if (nrec > 1) {
+      src = recs;
+      if (t == 0) n_pool = n_zero = 0;
+      __syncthreads();
+      if (t < nrec && e0 + t * stride < p.num_records) {
+        const CompressPlan rec = reinterpret_cast<const CompressPlan*>(p.plan)[e0 + t * stride];
+        recs[t] = rec;
+        if (c128_record_pools<kMode>(p, rec))
+          order[atomicAdd(&n_pool, 1)] = int16_t(t);
+        else
+          order[nrec - 1 - atomicAdd(&n_zero, 1)] = int16_t(t);
       }
-      store_vec(&part[0][g][lane * V], m);
-      store_vec(&part[1][g][lane * V], sum);
-      store_vec(&part[2][g][lane * V], acc_a);
-    }
-    __syncthreads();
-
-    if (t < kC128Ch) {
-      const int cc = t;
-      const int ch = c0 + cc;
-      // Merge of the partial states: the common max first, then independent rescales.
-      float M = -FLT_MAX;
-  #pragma unroll
-      for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
-      float S = 0.0f, A = 0.0f;
-  #pragma unroll
-      for (int k = 0; k < kC128RowGroups; ++k) {
-        const float f = fexp(part[0][k][cc] - M);
-        S = fmaf(part[1][k][cc], f, S);
-        A = fmaf(part[2][k][cc], f, A);
+      __syncthreads();
+      to_pool = n_pool;
+      if (p.out != nullptr) {
+        constexpr int kLanesPerRow = kC128Ch / 4;  // 4 channels per thread
+        const float zero[4] = {};
+        for (int k = nrec - n_zero + t / kLanesPerRow; k < nrec; k += kC128Block / kLanesPerRow)
+          store_out_vec(p.out, p.out_type,
+                        (e0 + order[k] * stride) * kHd + slice0 * kC128Ch + (t % kLanesPerRow) * 4,
+                        zero);
       }
-      SoftmaxState x{M, S, A};
-      if constexpr (kMode == kModeOnline) {
-        if (seg.merge) {
-          SoftmaxState y = softmax_empty();
-          if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
-            const TS* r = st + seg.read_slot * kStRow;
-            y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
-                            load_as_f32(r, 2 * int64_t(kHd) + ch));
+    }
+  }
+  for (int i = 0; i < to_pool; ++i) {
+    const int k = nrec > 1 ? order[i] : 0;
+    const int64_t e = e0 + k * stride;
+    if (i > 0) __syncthreads();     // every thread has read part[] of the record before
+    WindowDesc d{};
+    OnlineSegment seg{};
+    if constexpr (kMode == kModePrefill) {
+      d = offline_prefill_window(src[k], 128);
+    } else if constexpr (kMode == kModeDecode) {
+      // Copy first: the block's channels of input row e (kv and score halves, V channels per
+      // thread), loaded together with the plan record (the address does not depend on it), go
+      // to state row write_loc before any window row is read; a closing window reads the row
+      // back after the barrier below. A step that closes no window costs one round trip.
+      using RawIn = typename RawVec<TI, V>::type;
+      const int pairs = kC128Lanes * spb;  // V-channel groups of one half of the block's slices
+      const bool score_half = t >= pairs;
+      const bool has = t < 2 * pairs && e < p.num_in_rows;
+      const int64_t at =
+          (score_half ? kHd : 0) + slice0 * kC128Ch + (score_half ? t - pairs : t) * V;
+      const RawIn cv = load_raw_if<TI, V, false>(has, in + e * kInRow + at, RawIn{});
+      const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
+      d = offline_decode_window(rec, 128);
+      const int64_t wl = rec.write_loc;
+      if (has && wl >= 0 && wl < p.num_state_rows) {
+        float f[V];
+        unpack(cv, f);
+        store_vec(st + wl * kStRow + at, f);
+      }
+      compiler_fence();  // the window loads are asm statements an ordinary store could pass
+    } else {
+      seg = online_segment(src[k]);
+      d = seg.win;
+    }
+    const WindowRows w = kMode == kModeDecode
+                             ? resolve_state_rows(d, 128, p.num_state_rows)
+                             : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
+
+    if (kMode != kModeOnline ? window_empty(w, 128) : !seg.valid) {
+      // Nothing to pool (a decode step that closes none, an invalid record or segment of a padded
+      // plan): zeros, or nothing in the online store pass. Uniform across the block, so no
+      // thread is left waiting at a barrier below.
+      if (p.out != nullptr && t < kC128Ch * spb)
+        store_out(p.out, p.out_type, e * kHd + slice0 * kC128Ch + t, 0.0f);
+      continue;
+    }
+    // The copied row, written by other threads of the block, is pooled from memory.
+    if constexpr (kMode == kModeDecode) __syncthreads();
+
+    for (int si = 0; si < spb; ++si) {
+      const int c0 = (slice0 + si) * kC128Ch;
+      const int c = c0 + lane * V;
+      if (si > 0) __syncthreads();  // every thread has read part[] of the slice before
+
+      // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
+      // from their base (online windows have no state rows, whose stride differs).
+      const TI* in_g = in + ((int64_t(w.in_base) + g * U) * kInRow + c);
+      const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
+      bool fs[U], fi[U];
+      const TS* sb[U];
+      int64_t off[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        // A closing cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so
+        // past the empty-window exit every decode row is a state row: no per-row predicate.
+        fs[u] = kMode == kModeDecode ||
+                (kMode == kModePrefill && row_from_state(w, 128, g * U + u));
+        fi[u] = kMode != kModeDecode && row_from_input(w, g * U + u);
+        sb[u] = st_g;
+        off[u] = u * kInRow;
+      }
+      float z[U][V], kv[U][V];
+      load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
+      float a[U][V];
+      load_ape_rows<U, V, kHd>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
+      add_ape(a, z);
+      if (si == 0) pdl_trigger();
+
+      // One partial state per row group and channel; the merge below combines the row groups.
+      SoftmaxState acc[V];
+      fold_window<U, V>(acc, z, kv);
+      {
+        float m[V], sum[V], acc_a[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          m[j] = acc[j].m;
+          sum[j] = acc[j].s;
+          acc_a[j] = acc[j].a;
+        }
+        store_vec(&part[0][g][lane * V], m);
+        store_vec(&part[1][g][lane * V], sum);
+        store_vec(&part[2][g][lane * V], acc_a);
+      }
+      __syncthreads();
+
+      if (t < kC128Ch) {
+        const int cc = t;
+        const int ch = c0 + cc;
+        // Merge of the partial states: the common max first, then independent rescales.
+        float M = -FLT_MAX;
+#pragma unroll
+        for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
+        float S = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kC128RowGroups; ++k) {
+          const float f = fexp(part[0][k][cc] - M);
+          S = fmaf(part[1][k][cc], f, S);
+          A = fmaf(part[2][k][cc], f, A);
+        }
+        SoftmaxState x{M, S, A};
+        if constexpr (kMode == kModeOnline) {
+          if (seg.merge) {
+            SoftmaxState y = softmax_empty();
+            if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
+              const TS* r = st + seg.read_slot * kStRow;
+              y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
+                              load_as_f32(r, 2 * int64_t(kHd) + ch));
+            }
+            softmax_merge(y, x);
+            x = y;
           }
-          softmax_merge(y, x);
-          x = y;
-        }
-        if (!p.online_store) {
+          if (!p.online_store) {
+            store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
+          } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
+            TS* r = st + seg.write_slot * kStRow;
+            store_from_f32(r, ch, x.m);
+            store_from_f32(r, kHd + ch, x.s);
+            store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
+          }
+        } else {
           store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
-        } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
-          TS* r = st + seg.write_slot * kStRow;
-          store_from_f32(r, ch, x.m);
-          store_from_f32(r, kHd + ch, x.s);
-          store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
         }
-      } else {
-        store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
       }
-    }
-  }  // slices
+    }  // slices
+  }  // records
 }
 
 // ---- online decode ----------------------------------------------------------------------------
