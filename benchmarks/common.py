@@ -32,6 +32,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import zlib
@@ -824,19 +825,29 @@ def env_info(device: torch.device) -> Dict[str, Any]:
         info["dsv4_library"] = dsv4_ops.ops._library.LIBRARY_PATH
     except Exception as e:  # noqa: BLE001
         info["dsv4_ops_import_error"] = f"{type(e).__name__}: {e}"
-    try:
-        git = ["git", "-C", REPO_ROOT]
-        info["git"] = subprocess.check_output(git + ["rev-parse", "--short", "HEAD"], text=True,
-                                              stderr=subprocess.DEVNULL).strip()
-        # A copied tree (the GPU machine's) may carry older git metadata than its files.
-        changed = subprocess.check_output(git + ["status", "--porcelain", "--untracked-files=no"],
-                                          text=True, stderr=subprocess.DEVNULL).splitlines()
-        if changed:
-            info["git"] += f" + {len(changed)} changed files"
-    except Exception:  # noqa: BLE001
-        pass
+    info["git"] = git_tree()
     info["DSV4_OPS_NO_PDL"] = os.environ.get("DSV4_OPS_NO_PDL")
     return info
+
+
+def git_tree(root: str = REPO_ROOT) -> str:
+    """'HEAD, tree T': the work tree's git HEAD and the git tree hash of its files as they are
+    (tracked and untracked, less the ignored). A copied tree (the GPU machine's) may carry
+    older git metadata than its files; T names the files themselves: it equals
+    `git rev-parse COMMIT^{tree}` of the commit they match. '?' without git."""
+    git = ["git", "-C", root]
+    try:
+        head = subprocess.check_output(git + ["rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+        with tempfile.TemporaryDirectory() as tmp:  # a scratch index: the real one is untouched
+            env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+            subprocess.check_call(git + ["add", "-A", "."], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+            tree = subprocess.check_output(git + ["write-tree"], env=env, text=True,
+                                           stderr=subprocess.DEVNULL).strip()
+        return f"{head}, tree {tree[:12]}"
+    except Exception:  # noqa: BLE001
+        return "?"
 
 
 def family_main(family_name: str, rows_fn: Callable[[Context], List[Dict[str, Any]]],

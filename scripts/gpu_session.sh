@@ -194,16 +194,13 @@ run_stage() {
   collect
 }
 
-git_tree() {  # HEAD, and how many tracked files differ from it (a copied tree's git may lag)
-  local head changed
-  head=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) || { echo '?'; return; }
-  changed=$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)
-  if [ "$changed" -gt 0 ]; then echo "$head + $changed changed files"; else echo "$head"; fi
-}
+# HEAD and the tree hash of the files as they are (benchmarks/common.py git_tree), once.
+GIT_TREE=$(cd "$ROOT" && "$PY" -c 'from benchmarks.common import git_tree; print(git_tree())' \
+           2>/dev/null || echo '?')
 
 collect() {  # (re)build the <= 8 files under $OUT from what $WORK holds so far
   {
-    echo "dsv4_ops GPU session $(date '+%Y-%m-%d %H:%M:%S'), git $(git_tree), stages: $STAGES"
+    echo "dsv4_ops GPU session $(date '+%Y-%m-%d %H:%M:%S'), git $GIT_TREE, stages: $STAGES"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
     echo
     cat "$SUMMARY"
