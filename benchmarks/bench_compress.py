@@ -120,7 +120,6 @@ def cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]
     f32, b16 = torch.float32, torch.bfloat16
     big_bs = ctx.decode_bs()[-1]
     bf16_bs = [b for b in ctx.decode_bs() if b in (64, 1024)] or ctx.decode_bs()[-1:]
-    bf16_prefill = ctx.prefill_cases()[:1]
     combos = [(lbl, hd, r, False) for lbl, hd, r in C.COMBOS] + [("online", 512, 128, True)]
     for label, hd, r, online in combos:
         for sd in (f32, b16):
@@ -136,16 +135,13 @@ def cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]
                     name = f"{tag}/dec_bs{bs}_{pat}"
                     out.append((name, lambda n=name, hd=hd, r=r, bs=bs, pat=pat, sd=sd, o=online:
                                 decode_case(ctx, n, hd, r, bs, pat, sd, o)))
-            for pname, reqs in (bf16_prefill if sd is b16 else ctx.prefill_cases()):
+            # bf16 states: the first prefill case only. Padded plans (SPEC 3.4: the invalid
+            # rows' zeros count as written) with fp32 states.
+            prefills = ctx.prefill_variants(padded=sd is f32)
+            for pname, reqs, padded in (prefills[:1] if sd is b16 else prefills):
                 name = f"{tag}/{pname}"
-                out.append((name, lambda n=name, hd=hd, r=r, q=reqs, sd=sd, o=online:
-                            prefill_case(ctx, n, hd, r, q, sd, o)))
-                if pname == "p8x4096" and sd is f32:
-                    # The plan as captured in a CUDA graph: num_q rows, the invalid tail
-                    # included (SPEC 3.4: their output rows are zeros, counted as written).
-                    name = f"{tag}/{pname}_padded"
-                    out.append((name, lambda n=name, hd=hd, r=r, q=reqs, o=online:
-                                prefill_case(ctx, n, hd, r, q, f32, o, padded=True)))
+                out.append((name, lambda n=name, hd=hd, r=r, q=reqs, sd=sd, o=online, p=padded:
+                            prefill_case(ctx, n, hd, r, q, sd, o, padded=p)))
     return out
 
 

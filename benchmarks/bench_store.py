@@ -91,15 +91,11 @@ def store_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, A
                 seqs = C.decode_lengths(bs, pat, r, C.case_seed(name))
                 out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=[(s, 1) for s in seqs]:
                             _store_case(ctx, n, f, hd, r, q, True)))
-        for pname, reqs in ctx.prefill_cases():
+        # padded plans: the bytes model counts the valid rows' data only
+        for pname, reqs, padded in ctx.prefill_variants():
             name = f"{tag}/{pname}"
-            out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=reqs: _store_case(ctx, n, f, hd, r, q, False)))
-            if pname == "p8x4096":
-                # The plan as captured in a CUDA graph: num_q rows, the invalid tail included
-                # (the bytes model counts the valid rows' data only).
-                name = f"{tag}/{pname}_padded"
-                out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=reqs:
-                            _store_case(ctx, n, f, hd, r, q, False, padded=True)))
+            out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=reqs, p=padded:
+                        _store_case(ctx, n, f, hd, r, q, False, padded=p)))
     return out
 
 

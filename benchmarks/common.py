@@ -276,6 +276,17 @@ class Context:
             return SMOKE_PREFILL_CASES
         return PREFILL_CASES[:1] if self.quick else PREFILL_CASES
 
+    def prefill_variants(self, padded: bool = True) -> List[Tuple[str, List[Tuple[int, int]], bool]]:
+        """(name, requests, padded) of every prefill case; with `padded`, the first case also
+        with its plan as captured in a CUDA graph ("<name>_padded"): num_q rows, the invalid
+        tail included."""
+        out = []
+        for i, (name, reqs) in enumerate(self.prefill_cases()):
+            out.append((name, reqs, False))
+            if padded and i == 0:
+                out.append((f"{name}_padded", reqs, True))
+        return out
+
     def ceiling_row(self) -> Dict[str, Any]:
         return ceiling_row_of(self.copy, str(self.device))
 
