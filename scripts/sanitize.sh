@@ -26,9 +26,10 @@ SAN_TOOLS=${SAN_TOOLS:-"memcheck racecheck"}
 SAN_TIMEOUT=${SAN_TIMEOUT:-240}
 SAN_EXTRA=${SAN_EXTRA:-}
 # Small CUDA cases, a few per kernel family: every planner kind, offline and online pooling in
-# fp32 and bf16, every store format for decode and prefill, and the tests that feed negative /
-# out-of-range slots, pages and locs (where an out-of-bounds access would show). No graph
-# capture, torch.compile, big-batch or hypothesis tests (slow under instrumentation).
+# fp32 and bf16, long padded plans, every store format for decode and prefill, and the tests
+# that feed negative / out-of-range slots, pages and locs (where an out-of-bounds access would
+# show). No graph capture, torch.compile, big-batch or hypothesis tests (slow under
+# instrumentation).
 # SAN_K=cuda selects every CUDA-parametrised test instead.
 SAN_DEVICE=${SAN_DEVICE:-cuda}
 DEFAULT_K="test_plan_decode_matches_oracle or test_plan_prefill_matches_oracle"
@@ -40,6 +41,8 @@ DEFAULT_K="$DEFAULT_K or test_prefill_compress_reads_before_writes or test_negat
 DEFAULT_K="$DEFAULT_K or test_prefill_first_window_ignores_state_rows or test_online_merge_ignores_absent_state"
 DEFAULT_K="$DEFAULT_K or test_decode_rows or test_inactive_rows_write_nothing or test_against_dsv4_reference_store"
 DEFAULT_K="$DEFAULT_K or (test_prefill_matches_oracle and 0-64 and not test_plan)"
+# long padded plans: pooling blocks that take several records in turn (shared-memory records)
+DEFAULT_K="$DEFAULT_K or padded_prefill_many_records or (test_padded_prefill_strided_blocks and 4-17000)"
 SAN_K=${SAN_K:-"$SAN_DEVICE and ($DEFAULT_K)"}
 
 if [ -z "${SAN_TESTS:-}" ]; then
