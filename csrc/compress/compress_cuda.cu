@@ -48,7 +48,8 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
       launch(c4_kernel<TS, TI, true, kHd>, groups, kC4Block, p);
     else  // resident blocks: DSV4_C4_MIN_BLOCKS per SM
       launch(c4_kernel<TS, TI, false, kHd>,
-             strided_unit_groups(groups, 1, DSV4_C4_MIN_BLOCKS * env.sms, kC4MaxTurns), kC4Block, p);
+             strided_unit_groups(groups, 1, DSV4_C4_MIN_BLOCKS * env.sms, kC4MaxTurns), kC4Block,
+             p);
   } else if (cs.decode) {
     Params pd = p;
     pd.slices_per_block = c128_decode_slices_per_block(p.num_records, kHd, env.sms);

@@ -97,16 +97,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
     int64_t threads = ((B + 63) / 64) * 64;
     threads = threads < 64 ? 64 : (threads > kPlanScanBlock ? kPlanScanBlock : threads);
     launch_kernel(plan_prefill_scan_kernel<kPlanScanBlock>, dim3(1), dim3(unsigned(threads)), 0,
-                  env.stream, env.pdl, p, sl.data_ptr<int64_t>(), el.data_ptr<int64_t>(), int32_t(B),
-                  num_q_tokens, reinterpret_cast<ReqOffsets*>(offs_dev.data_ptr<int32_t>()),
+                  env.stream, env.pdl, p, sl.data_ptr<int64_t>(), el.data_ptr<int64_t>(),
+                  int32_t(B), num_q_tokens,
+                  reinterpret_cast<ReqOffsets*>(offs_dev.data_ptr<int32_t>()),
                   counts.data_ptr<int32_t>());
     DSV4_CHECK_LAUNCH();
     offs = reinterpret_cast<const ReqOffsets*>(offs_dev.data_ptr<int32_t>());
   }
   launch_kernel(plan_prefill_emit_kernel<kPlanBlock>,
                 dim3(unsigned(blocks_for(num_q_tokens, kPlanBlock))), dim3(kPlanBlock), 0,
-                env.stream, env.pdl, p, rpi.data_ptr<int64_t>(), offs, inl, int32_t(B), int32_t(num_q_tokens),
-                o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());
+                env.stream, env.pdl, p, rpi.data_ptr<int64_t>(), offs, inl, int32_t(B),
+                int32_t(num_q_tokens), o.plan_c.data_ptr<uint8_t>(), o.plan_w.data_ptr<uint8_t>());
   DSV4_CHECK_LAUNCH();
   return {o.plan_c, o.plan_w, counts};
 }
