@@ -48,30 +48,50 @@ struct StoreKernelArgs {
 
 namespace store_detail {
 
-DSV4_DEVICE void load4(const float* p, bool vec, float (&v)[4]) {
+// Loads of 4 consecutive elements as raw bits, converted to float by bits_to_f32 only once
+// every load of the round is out: nvcc places a conversion in its load's own branch (vector or
+// scalar, fp32 or bf16 weights), and there the thread waits for that load before it issues the
+// next one, a second round trip after the grid-dependency wait (seen in the SASS of the
+// bf16-weight instances). fp32: one element per word. bf16: two per word, low half first (the
+// scalar loads of an unaligned tensor are packed right away: that path is not the fast one).
+DSV4_DEVICE void load_bits(const float* p, bool vec, uint32_t (&r)[4]) {
   if (vec) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x;
-    v[1] = q.y;
-    v[2] = q.z;
-    v[3] = q.w;
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    r[0] = q.x;
+    r[1] = q.y;
+    r[2] = q.z;
+    r[3] = q.w;
   } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = p[k];
+    for (int k = 0; k < 4; ++k) r[k] = f32_bits(p[k]);
   }
 }
 
-DSV4_DEVICE void load4(const uint16_t* p, bool vec, float (&v)[4]) {
+DSV4_DEVICE void load_bits(const uint16_t* p, bool vec, uint32_t (&r)[4]) {
   if (vec) {
     const uint2 q = *reinterpret_cast<const uint2*>(p);
-    v[0] = bf16_to_f32(uint16_t(q.x & 0xffffu));
-    v[1] = bf16_to_f32(uint16_t(q.x >> 16));
-    v[2] = bf16_to_f32(uint16_t(q.y & 0xffffu));
-    v[3] = bf16_to_f32(uint16_t(q.y >> 16));
+    r[0] = q.x;
+    r[1] = q.y;
+    r[2] = r[3] = 0u;
   } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = bf16_to_f32(p[k]);
+    r[0] = uint32_t(p[0]) | (uint32_t(p[1]) << 16);
+    r[1] = uint32_t(p[2]) | (uint32_t(p[3]) << 16);
+    r[2] = r[3] = 0u;
   }
+}
+
+DSV4_DEVICE void bits_to_f32(const uint32_t (&r)[4], bool bf16, float (&v)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (!bf16) v[k] = bits_f32(r[k]);
+    else v[k] = bits_f32(k % 2 == 0 ? r[k / 2] << 16 : r[k / 2] & 0xffff0000u);
+  }
+}
+
+DSV4_DEVICE void load4(const float* p, bool vec, float (&v)[4]) {
+  uint32_t r[4];
+  load_bits(p, vec, r);
+  bits_to_f32(r, false, v);
 }
 
 // Little-endian stores of 2, 4 and 8 bytes; byte by byte when the cache is not aligned.
@@ -167,8 +187,20 @@ DSV4_DEVICE uint32_t e4m3x4_div(const float (&v)[4], float s) {
 
 }  // namespace store_detail
 
+// Blocks of kStoreMaxBlockThreads that an SM must hold at once (CUDA): the indexer formats
+// (hd 128) fit 8, a whole SM (at most 32 registers), so that a prefill's rows go out in one
+// wave. HIP reads the second __launch_bounds__ argument as waves per execution unit: no bound.
+constexpr int store_min_blocks(int format) {
+#if defined(DSV4_HIP)
+  (void)format;
+  return 1;
+#else
+  return store_head_dim(format) == 128 ? 8 : 1;
+#endif
+}
+
 template <int kFormat, typename KvT>
-__global__ void __launch_bounds__(kStoreMaxBlockThreads)
+__global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kFormat))
     compress_norm_rope_store_kernel(StoreKernelArgs a) {
   using namespace store_detail;
   constexpr int kHd = store_head_dim(kFormat);
@@ -192,7 +224,8 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   // Round 1: the plan record (broadcast to the group), and for the guessed record its
   // destination, rope (cos, sin) pairs, norm weights and row. A row the guess says stores
   // nothing (the invalid tail of a padded CUDA-graph plan) loads none of them, so a padded plan
-  // costs its valid rows' traffic only.
+  // costs its valid rows' traffic only. Every load of the round goes out before any loaded value
+  // is used (the bits are converted afterwards, see load_bits).
   uint32_t seq_len, word1;
   if (a.vec_in) {
     const uint2 q = load_after_wait(reinterpret_cast<const uint2*>(rec), early);
@@ -204,31 +237,35 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
     word1 = uint32_t(rec[4]) | (uint32_t(rec[5]) << 8) | (uint32_t(rec[6]) << 16) |
             (uint32_t(rec[7]) << 24);
   }
-  float w[kJ][4], x[kJ][4];
+  uint32_t w_bits[kJ][4], x_bits[kJ][4];
   const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
   const auto load_inputs = [&] {
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
       if (a.w_bf16)
-        load4(static_cast<const uint16_t*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
+        load_bits(static_cast<const uint16_t*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in,
+                  w_bits[j]);
       else
-        load4(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in, w[j]);
+        load_bits(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in,
+                  w_bits[j]);
     }
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) load4(row + lane_dim(j, lane, 0), a.vec_in, x[j]);
+    for (int j = 0; j < kJ; ++j) load_bits(row + lane_dim(j, lane, 0), a.vec_in, x_bits[j]);
   };
   // Destination and the rope lanes' (cos, sin) pairs of record (sl, w1); false: the row
   // stores nothing.
   const bool rope_lane = lane >= kLaneGroup / 2;  // dims hd-64.. live in chunk kJ-1, lanes 16..31
-  int64_t loc = -1;
+  // The out_loc entry as loaded, in the register of its load: an int32 one is sign-extended
+  // only where it is used (a move or extension in the branch of its load waits for the load).
+  uint2 loc_bits = make_uint2(0xffffffffu, 0xffffffffu);
   float f[4] = {1.0f, 0.0f, 1.0f, 0.0f};
   const auto load_target = [&](uint32_t sl, uint32_t w1) {
     int64_t loc_index = 0, pos = 0;
     if (!store_row_target(sl, int32_t(w1), a.is_decode, a.compress_ratio, t, a.num_out_loc,
                           a.max_pos, &loc_index, &pos))
       return false;
-    loc = a.loc64 ? static_cast<const int64_t*>(a.out_loc)[loc_index]
-                  : int64_t(static_cast<const int32_t*>(a.out_loc)[loc_index]);
+    if (a.loc64) loc_bits = static_cast<const uint2*>(a.out_loc)[loc_index];
+    else loc_bits.x = static_cast<const uint32_t*>(a.out_loc)[loc_index];
     if (rope_lane) load4(a.freqs + pos * kRopeDim + 4 * (lane - kLaneGroup / 2), a.vec_in, f);
     return true;
   };
@@ -241,6 +278,14 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads)
   }
   if (!stores) return;  // inactive row: writes nothing
 
+  float w[kJ][4], x[kJ][4];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    bits_to_f32(w_bits[j], a.w_bf16, w[j]);
+    bits_to_f32(x_bits[j], sizeof(KvT) == 2, x[j]);
+  }
+  const int64_t loc = a.loc64 ? int64_t((uint64_t(loc_bits.y) << 32) | loc_bits.x)
+                              : int64_t(int32_t(loc_bits.x));
   const int64_t page = store_page_of(loc, a.log2_page_size, a.num_pages);
   if (page < 0) return;  // negative or past the cache: writes nothing
   const int64_t off = loc & (a.page_size - 1);
