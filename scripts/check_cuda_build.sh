@@ -2,7 +2,8 @@
 # Compile check of the CUDA kernels on a machine without a GPU (CI): builds the extension
 # for sm_90 against torch 2.14.1+cu130 with nvcc 13.0, loads it, and checks that every
 # dsv4 op has a CUDA kernel registered, and that the pooling kernels issue their window loads
-# together (scripts/check_load_batching.py). A broken CUDA build fails this script.
+# together and the store kernels their inputs' loads (scripts/check_load_batching.py). A broken
+# CUDA build fails this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DSV4_CU_VENV:-.venv-cu130}
