@@ -5,7 +5,8 @@ store: the compressed tokens of the compress cases, per cache format:
   fp8_ds_mla (main hd512, cr 4 and cr 128), bf16 (main hd512 cr 4), fp8_indexer and
   fp4_indexer (indexer hd128 cr 4); decode batch 1/8/64/256/1024 with every request closing a
   window ("bnd"; plus "rand" at the largest batch: mostly inactive rows, which must write
-  nothing) and prefill 8x4096, 1x32768, 4x(2000+2048). The kv input is random fp32 [N, hd].
+  nothing) and prefill 8x4096, 1x32768, 4x(2000+2048). The kv input is random fp32 [N, hd],
+  the norm weights fp32, out_loc int64; "_bf16w_i32loc" cases: bf16 weights, int32 out_loc.
   Speed-up column: dsv4_ops.reference.store (float64 norm/rope, torch's own fp8/bf16
   conversions, index scatter) of the same tokens.
 step: one decode step of one request, compress_forward then compress_norm_rope_store, for
@@ -36,19 +37,27 @@ STORE_CASES = [("fp8_ds_mla", 512, 4), ("fp8_ds_mla", 512, 128), ("bf16", 512, 4
                ("fp8_indexer", 128, 4), ("fp4_indexer", 128, 4)]
 # token data bytes at the start of a page (SPEC 4), scales follow
 STORE_DATA_BYTES = {"fp8_ds_mla": 576, "bf16": 1024, "fp8_indexer": 128, "fp4_indexer": 64}
+# Stores fed bf16 norm weights and int32 out_loc, as a serving engine may (the fp32 / int64 cases
+# above are the reference engine harness's): decode 8 closing rows and the first prefill. The
+# kernel's round of input loads is laid out per dtype (store_kernels.cuh, load_bits).
+NARROW_CASES = [("fp8_ds_mla", 512, 4), ("fp8_indexer", 128, 4)]
 # (label, head_dim, ratio, store format, online)
 STEP_CASES = [("main", 512, 4, "fp8_ds_mla", False), ("main", 512, 4, "bf16", False),
               ("main", 512, 128, "fp8_ds_mla", False), ("indexer", 128, 4, "fp8_indexer", False),
               ("indexer", 128, 4, "fp4_indexer", False), ("online", 512, 128, "fp8_ds_mla", True)]
 
 
-def store_fn(w: C.World, kv: torch.Tensor, plan, store_format: str) -> Callable[[], Any]:
+def store_fn(w: C.World, kv: torch.Tensor, plan, store_format: str, narrow: bool = False
+             ) -> Callable[[], Any]:
+    """narrow: bf16 norm weights and int32 out_loc instead of fp32 / int64."""
     import dsv4_ops
 
     cache = w.kvcache(store_format)
     flags = C.store_flags(store_format)
+    norm_w = w.norm_w.to(torch.bfloat16) if narrow else w.norm_w
+    out_loc = w.out_loc.to(torch.int32) if narrow else w.out_loc
     return lambda: dsv4_ops.compress_norm_rope_store(
-        kv, plan, norm_weight=w.norm_w, norm_eps=C.NORM_EPS, freq_cis=w.freqs, out_loc=w.out_loc,
+        kv, plan, norm_weight=norm_w, norm_eps=C.NORM_EPS, freq_cis=w.freqs, out_loc=out_loc,
         kvcache=cache, page_size=w.kv_page_size, **flags)
 
 
@@ -61,14 +70,14 @@ def written_slots(w: C.World, store_format: str) -> int:
     return int((view != 0).any(dim=-1).sum())
 
 
-def _store_case(ctx, name, fmt, hd, ratio, reqs, decode: bool, padded: bool = False
-                ) -> List[Dict[str, Any]]:
+def _store_case(ctx, name, fmt, hd, ratio, reqs, decode: bool, padded: bool = False,
+                narrow: bool = False) -> List[Dict[str, Any]]:
     w = C.World(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device, seed=C.case_seed(name), fill=False)
     plan = decode_plan(w) if decode else prefill_plan(w, padded)
     n_rows = plan[1].shape[0]
     kv = torch.randn(n_rows, hd, device=w.device, generator=torch.Generator(device=w.device).manual_seed(7))
     n_tok = w.decode_closing() if decode else w.prefill_counts()["n_c"]
-    fn = store_fn(w, kv, plan, fmt)
+    fn = store_fn(w, kv, plan, fmt, narrow)
     fn()
     got = written_slots(w, fmt)
     check = "ok" if got == n_tok else f"slots written {got} != {n_tok}"
@@ -96,6 +105,16 @@ def store_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, A
             name = f"{tag}/{pname}"
             out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=reqs, p=padded:
                         _store_case(ctx, n, f, hd, r, q, False, padded=p)))
+    for fmt, hd, r in NARROW_CASES:
+        tag = f"{fmt}_c{r}_bf16w_i32loc"
+        name = f"{tag}/dec_bs8_bnd"
+        seqs = C.decode_lengths(8, "bnd", r, C.case_seed(name))
+        out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=[(s, 1) for s in seqs]:
+                    _store_case(ctx, n, f, hd, r, q, True, narrow=True)))
+        pname, reqs, _ = ctx.prefill_variants()[0]
+        name = f"{tag}/{pname}"
+        out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=reqs:
+                    _store_case(ctx, n, f, hd, r, q, False, narrow=True)))
     return out
 
 
