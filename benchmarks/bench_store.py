@@ -111,7 +111,7 @@ def store_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, A
         seqs = C.decode_lengths(8, "bnd", r, C.case_seed(name))
         out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=[(s, 1) for s in seqs]:
                     _store_case(ctx, n, f, hd, r, q, True, narrow=True)))
-        pname, reqs, _ = ctx.prefill_variants()[0]
+        pname, reqs = ctx.prefill_cases()[0]
         name = f"{tag}/{pname}"
         out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=reqs:
                     _store_case(ctx, n, f, hd, r, q, False, narrow=True)))
