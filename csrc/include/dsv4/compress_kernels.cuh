@@ -493,15 +493,23 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
 
 // ---- cr = 128 -------------------------------------------------------------------------------
 
-// Whether a c128 prefill record / online segment pools anything (the kernel's test below):
-// the invalid records of a padded plan do not.
+// Whether a cr = 128 record pools anything, from its resolved window (prefill, decode) or its
+// online segment: a decode step that closes no window, and the invalid records / segments of
+// a padded plan, do not.
+template <int kMode>
+DSV4_DEVICE bool c128_pools(const WindowRows& w, const OnlineSegment& seg) {
+  return kMode != kModeOnline ? !window_empty(w, 128) : seg.valid;
+}
+
+// The same for a prefill record / online segment straight from its plan record.
 template <int kMode>
 DSV4_DEVICE bool c128_record_pools(const Params& p, const CompressPlan& rec) {
   if constexpr (kMode == kModeOnline) {
-    return online_segment(rec).valid;
+    return c128_pools<kMode>(WindowRows{}, online_segment(rec));
   } else {
     const WindowDesc d = offline_prefill_window(rec, 128);
-    return !window_empty(resolve_rows(d, 128, p.num_state_rows, p.num_in_rows), 128);
+    return c128_pools<kMode>(resolve_rows(d, 128, p.num_state_rows, p.num_in_rows),
+                             OnlineSegment{});
   }
 }
 
@@ -613,7 +621,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
                              ? resolve_state_rows(d, 128, p.num_state_rows)
                              : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
 
-    if (kMode != kModeOnline ? window_empty(w, 128) : !seg.valid) {
+    if (!c128_pools<kMode>(w, seg)) {
       // Nothing to pool (a decode step that closes none, an invalid record or segment of a padded
       // plan): zeros, or nothing in the online store pass. Uniform across the block, so no
       // thread is left waiting at a barrier below.
