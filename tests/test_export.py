@@ -39,7 +39,7 @@ def _assert_same_run(module, run, args, state_i, cache_i):
     assert torch.equal(out_e, out_o)
     assert torch.equal(eager[state_i], other[state_i]), "state buffer differs"
     assert torch.equal(eager[cache_i], other[cache_i]), "cache bytes differ"
-    assert bool((eager[cache_i] != 0).any()), "the step stored nothing: the test would prove nothing"
+    assert bool((eager[cache_i] != 0).any()), "the step stored nothing: the test proves nothing"
 
 
 @pytest.mark.parametrize("cr,hd", [(4, 128), (128, 512)])
@@ -61,7 +61,8 @@ def test_exported_decode_step_dynamic_batch(device):
     for i in (1, 3, 6, 9):
         shapes[i] = {0: batch}
     # forward(*args): the spec of the one varargs entry.
-    ep = torch.export.export(module, tuple(a.clone() for a in args), dynamic_shapes=(tuple(shapes),))
+    ep = torch.export.export(module, tuple(a.clone() for a in args),
+                             dynamic_shapes=(tuple(shapes),))
     _assert_same_run(module, ep.module(), args, state_i=0, cache_i=10)
     # The same program on a smaller batch (the first two requests).
     small = list(args)
