@@ -77,7 +77,7 @@ class CompressorDecodePlan(NamedTuple):
 def _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph):
     """Trim padded plans to their valid rows when that count is on the host: host lengths,
     no CUDA-graph capture requested and not tracing (SPEC 3.3)."""
-    if use_cuda_graph or counts.device.type != "cpu" or torch.compiler.is_compiling():
+    if use_cuda_graph or not counts.is_cpu or torch.compiler.is_compiling():
         return plan_c, plan_w
     n_c, n_w = counts.tolist()
     return plan_c[:n_c], plan_w[:n_w]
