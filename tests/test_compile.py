@@ -31,6 +31,17 @@ def prefill_step(state, kv_in, ape, rid, r2t, f2s, seq_lens, ext_lens, norm_w, f
     return kv
 
 
+def padded_prefill_args(w, pad: int = 5):
+    """prefill_step's arguments for world w with num_q_tokens padded by `pad` rows, as under
+    CUDA-graph capture (an fp8_ds_mla cache), and that num_q_tokens."""
+    cache = w.kvcache("fp8_ds_mla", pages=64)
+    num_q = w.num_q + pad
+    kv_in = torch.cat([w.kv_in, torch.zeros_like(w.kv_in[:pad])])
+    out_loc = torch.arange(num_q, dtype=torch.int64, device=w.device)
+    return [w.state, kv_in, w.ape, w.rid, w.req_to_token, w.full_to_state, w.seq_lens,
+            w.extend_lens, w.norm_weight, w.freqs, out_loc, cache], num_q
+
+
 def _run_both(fn, args, mutated, dynamic):
     """Run fn eagerly and compiled on separate copies of the mutated arguments."""
     eager_args = [a.clone() if i in mutated else a for i, a in enumerate(args)]
@@ -61,12 +72,7 @@ def test_compiled_decode_step_equals_eager(device, dynamic, cr, hd, fp4):
 @pytest.mark.parametrize("cr,hd", [(4, 512), (128, 512)])
 def test_compiled_prefill_step_equals_eager(device, dynamic, cr, hd):
     w = make_world(device, compress_ratio=cr, head_dim=hd)
-    cache = w.kvcache("fp8_ds_mla", pages=64)
-    num_q = w.num_q + 5  # padded, as under CUDA-graph capture
-    kv_in = torch.cat([w.kv_in, torch.zeros_like(w.kv_in[:5])])
-    out_loc = torch.arange(num_q, dtype=torch.int64, device=w.device)
-    args = [w.state, kv_in, w.ape, w.rid, w.req_to_token, w.full_to_state, w.seq_lens,
-            w.extend_lens, w.norm_weight, w.freqs, out_loc, cache]
+    args, num_q = padded_prefill_args(w)
     fn = lambda *a: prefill_step(*a, cr=cr, hd=hd, ring=w.ring, page_size=w.cache_page_size,  # noqa: E731
                                  num_q=num_q)
     kv_e, kv_c, ea, ca = _run_both(fn, args, mutated={0, 11}, dynamic=dynamic)

@@ -8,7 +8,7 @@ import torch
 import dsv4_ops
 
 from op_samples import decode_world, make_world
-from test_compile import decode_step, prefill_step
+from test_compile import decode_step, padded_prefill_args, prefill_step
 
 
 class _Step(torch.nn.Module):
@@ -73,12 +73,7 @@ def test_exported_decode_step_dynamic_batch(device):
 
 def test_exported_prefill_step_equals_eager(device):
     w = make_world(device, compress_ratio=4, head_dim=512)
-    cache = w.kvcache("fp8_ds_mla", pages=64)
-    num_q = w.num_q + 5  # padded, as under CUDA-graph capture
-    kv_in = torch.cat([w.kv_in, torch.zeros_like(w.kv_in[:5])])
-    out_loc = torch.arange(num_q, dtype=torch.int64, device=w.device)
-    args = [w.state, kv_in, w.ape, w.rid, w.req_to_token, w.full_to_state, w.seq_lens,
-            w.extend_lens, w.norm_weight, w.freqs, out_loc, cache]
+    args, num_q = padded_prefill_args(w)
     module = _Step(prefill_step, cr=4, hd=512, ring=w.ring, page_size=w.cache_page_size,
                    num_q=num_q)
     ep = torch.export.export(module, tuple(a.clone() for a in args))
