@@ -74,7 +74,7 @@ class CompressorDecodePlan(NamedTuple):
                                                state_slot_offset))
 
 
-def _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph):
+def _trim(plan_c, plan_w, counts, use_cuda_graph):
     """Trim padded plans to their valid rows when that count is on the host: host lengths,
     no CUDA-graph capture requested and not tracing (SPEC 3.3)."""
     if use_cuda_graph or not counts.is_cpu or torch.compiler.is_compiling():
@@ -112,7 +112,7 @@ class CompressorPrefillPlan(NamedTuple):
             _i64(req_pool_indices, req_to_token.device), _i64(seq_lens), _i64(extend_lens),
             req_to_token, full_to_state, compress_ratio, swa_page_size, ring_size,
             int(num_q_tokens), use_req_ring)
-        plan_c, plan_w = _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph)
+        plan_c, plan_w = _trim(plan_c, plan_w, counts, use_cuda_graph)
         return cls(compress_ratio, plan_c, plan_w, counts)
 
     @classmethod
@@ -122,7 +122,7 @@ class CompressorPrefillPlan(NamedTuple):
         plan_c, plan_w, counts = ops.plan_prefill_legacy(
             _i64(req_pool_indices, torch.device(device)), _i64(seq_lens), _i64(extend_lens),
             compress_ratio, int(num_q_tokens))
-        plan_c, plan_w = _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph)
+        plan_c, plan_w = _trim(plan_c, plan_w, counts, use_cuda_graph)
         return cls(compress_ratio, plan_c, plan_w, counts)
 
     @classmethod
@@ -133,5 +133,5 @@ class CompressorPrefillPlan(NamedTuple):
         plan_c, plan_w, counts = ops.plan_online_prefill(
             _i64(req_pool_indices, req_to_token.device), _i64(seq_lens), _i64(extend_lens),
             int(num_q_tokens), state_slot_offset)
-        plan_c, plan_w = _trim(plan_c, plan_w, counts, seq_lens, use_cuda_graph)
+        plan_c, plan_w = _trim(plan_c, plan_w, counts, use_cuda_graph)
         return cls(128, plan_c, plan_w, counts)

@@ -42,13 +42,21 @@ def padded_prefill_args(w, pad: int = 5):
             w.extend_lens, w.norm_weight, w.freqs, out_loc, cache], num_q
 
 
-def _run_both(fn, args, mutated, dynamic):
-    """Run fn eagerly and compiled on separate copies of the mutated arguments."""
-    eager_args = [a.clone() if i in mutated else a for i, a in enumerate(args)]
-    comp_args = [a.clone() if i in mutated else a for i, a in enumerate(args)]
+def assert_same_run(step, run, args, state_i, cache_i):
+    """`run` (a compiled or exported form of `step`) and eager `step` on separate copies of the
+    arguments: the same output, state buffer (args[state_i]) and cache bytes (args[cache_i])."""
+    eager = [a.clone() for a in args]
+    other = [a.clone() for a in args]
+    out_e, out_o = step(*eager), run(*other)
+    assert torch.equal(out_e, out_o)
+    assert torch.equal(eager[state_i], other[state_i]), "state buffer differs"
+    assert torch.equal(eager[cache_i], other[cache_i]), "cache bytes differ"
+    assert bool((eager[cache_i] != 0).any()), "the step stored nothing: the test proves nothing"
+
+
+def _compiled(fn, dynamic):
     torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    return fn(*eager_args), compiled(*comp_args), eager_args, comp_args
+    return torch.compile(fn, fullgraph=True, dynamic=dynamic)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -61,11 +69,7 @@ def test_compiled_decode_step_equals_eager(device, dynamic, cr, hd, fp4):
             w.norm_weight, w.freqs, w.out_loc(2), cache]
     fn = lambda *a: decode_step(*a, cr=cr, hd=hd, ring=w.ring, page_size=w.cache_page_size,  # noqa: E731
                                 fmt_fp4=fp4)
-    kv_e, kv_c, ea, ca = _run_both(fn, args, mutated={0, 10}, dynamic=dynamic)
-    assert torch.equal(kv_e, kv_c)
-    assert torch.equal(ea[0], ca[0]), "state buffer differs"
-    assert torch.equal(ea[10], ca[10]), "cache bytes differ"
-    assert bool((ea[10] != 0).any()), "the step stored nothing: the test would prove nothing"
+    assert_same_run(fn, _compiled(fn, dynamic), args, state_i=0, cache_i=10)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -75,8 +79,4 @@ def test_compiled_prefill_step_equals_eager(device, dynamic, cr, hd):
     args, num_q = padded_prefill_args(w)
     fn = lambda *a: prefill_step(*a, cr=cr, hd=hd, ring=w.ring, page_size=w.cache_page_size,  # noqa: E731
                                  num_q=num_q)
-    kv_e, kv_c, ea, ca = _run_both(fn, args, mutated={0, 11}, dynamic=dynamic)
-    assert torch.equal(kv_e, kv_c)
-    assert torch.equal(ea[0], ca[0]), "state buffer differs"
-    assert torch.equal(ea[11], ca[11]), "cache bytes differ"
-    assert bool((ea[11] != 0).any())
+    assert_same_run(fn, _compiled(fn, dynamic), args, state_i=0, cache_i=11)

@@ -1,14 +1,14 @@
 """torch.export of a whole compressor step (plan, compress_forward, compress_norm_rope_store):
 the exported program, run, gives the same outputs, state and cache bytes as eager; with a
 dynamic decode batch too. AOTInductor compiles the exported step ahead of time into a package
-whose loaded module gives the same bytes (CPU: the C++ compile takes about 30 s)."""
+whose loaded module gives the same bytes (CPU; its C++ compile takes 30-80 s)."""
 import pytest
 import torch
 
 import dsv4_ops
 
 from op_samples import decode_world, make_world
-from test_compile import decode_step, padded_prefill_args, prefill_step
+from test_compile import assert_same_run, decode_step, padded_prefill_args, prefill_step
 
 
 class _Step(torch.nn.Module):
@@ -30,18 +30,6 @@ def _decode_case(device, cr, hd):
     return module, args
 
 
-def _assert_same_run(module, run, args, state_i, cache_i):
-    """`run` (an exported or compiled form of `module`) and eager `module` on separate copies
-    of the mutated arguments: same output, state and cache bytes."""
-    eager = [a.clone() for a in args]
-    other = [a.clone() for a in args]
-    out_e, out_o = module(*eager), run(*other)
-    assert torch.equal(out_e, out_o)
-    assert torch.equal(eager[state_i], other[state_i]), "state buffer differs"
-    assert torch.equal(eager[cache_i], other[cache_i]), "cache bytes differ"
-    assert bool((eager[cache_i] != 0).any()), "the step stored nothing: the test proves nothing"
-
-
 @pytest.mark.parametrize("cr,hd", [(4, 128), (128, 512)])
 def test_exported_decode_step_equals_eager(device, cr, hd):
     module, args = _decode_case(device, cr, hd)
@@ -50,7 +38,7 @@ def test_exported_decode_step_equals_eager(device, cr, hd):
              and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "dsv4"}
     assert names == {"dsv4::plan_decode", "dsv4::compress_forward",
                      "dsv4::compress_norm_rope_store"}, names
-    _assert_same_run(module, ep.module(), args, state_i=0, cache_i=10)
+    assert_same_run(module, ep.module(), args, state_i=0, cache_i=10)
 
 
 def test_exported_decode_step_dynamic_batch(device):
@@ -63,12 +51,12 @@ def test_exported_decode_step_dynamic_batch(device):
     # forward(*args): the spec of the one varargs entry.
     ep = torch.export.export(module, tuple(a.clone() for a in args),
                              dynamic_shapes=(tuple(shapes),))
-    _assert_same_run(module, ep.module(), args, state_i=0, cache_i=10)
+    assert_same_run(module, ep.module(), args, state_i=0, cache_i=10)
     # The same program on a smaller batch (the first two requests).
     small = list(args)
     for i in (1, 3, 6, 9):
         small[i] = args[i][:2].clone()
-    _assert_same_run(module, ep.module(), small, state_i=0, cache_i=10)
+    assert_same_run(module, ep.module(), small, state_i=0, cache_i=10)
 
 
 def test_exported_prefill_step_equals_eager(device):
@@ -77,11 +65,11 @@ def test_exported_prefill_step_equals_eager(device):
     module = _Step(prefill_step, cr=4, hd=512, ring=w.ring, page_size=w.cache_page_size,
                    num_q=num_q)
     ep = torch.export.export(module, tuple(a.clone() for a in args))
-    _assert_same_run(module, ep.module(), args, state_i=0, cache_i=11)
+    assert_same_run(module, ep.module(), args, state_i=0, cache_i=11)
 
 
 def test_aot_inductor_decode_step_equals_eager(tmp_path):
     module, args = _decode_case(torch.device("cpu"), 4, 128)
     ep = torch.export.export(module, tuple(a.clone() for a in args))
     path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "step.pt2"))
-    _assert_same_run(module, torch._inductor.aoti_load_package(path), args, state_i=0, cache_i=10)
+    assert_same_run(module, torch._inductor.aoti_load_package(path), args, state_i=0, cache_i=10)
