@@ -36,7 +36,8 @@ def tag_of(label: str, hd: int, ratio: int, state_dtype: torch.dtype, online: bo
     return f"{'online' if online else label}{hd}_c{ratio}_{C.dtype_name(state_dtype)}"
 
 
-def make_world(ctx: C.Context, name: str, hd: int, ratio: int, reqs, state_dtype, online=False) -> C.World:
+def make_world(ctx: C.Context, name: str, hd: int, ratio: int, reqs, state_dtype, online=False
+               ) -> C.World:
     return C.World(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device, state_dtype=state_dtype,
                    seed=C.case_seed(name), online=online)
 
@@ -47,7 +48,8 @@ def decode_plan(w: C.World):
     P = dsv4_ops.CompressorDecodePlan
     if w.online:
         return P.generate_online(w.seq, w.rid, w.r2t, state_slot_offset=w.state_slot_offset)
-    return P.generate(w.ratio, w.rid, w.r2t, w.f2s, w.seq, C.SWA_PAGE, w.ring, use_req_ring=w.use_req_ring)
+    return P.generate(w.ratio, w.rid, w.r2t, w.f2s, w.seq, C.SWA_PAGE, w.ring,
+                      use_req_ring=w.use_req_ring)
 
 
 def prefill_plan(w: C.World, padded: bool = False):
@@ -59,8 +61,8 @@ def prefill_plan(w: C.World, padded: bool = False):
     if w.online:
         return P.generate_online(w.seq_cpu, w.ext_cpu, w.rid, w.r2t, w.num_q, use_cuda_graph=padded,
                                  state_slot_offset=w.state_slot_offset)
-    return P.generate(w.ratio, w.rid, w.seq_cpu, w.ext_cpu, w.r2t, w.f2s, C.SWA_PAGE, w.ring, w.num_q,
-                      use_cuda_graph=padded, use_req_ring=w.use_req_ring)
+    return P.generate(w.ratio, w.rid, w.seq_cpu, w.ext_cpu, w.r2t, w.f2s, C.SWA_PAGE, w.ring,
+                      w.num_q, use_cuda_graph=padded, use_req_ring=w.use_req_ring)
 
 
 def compress_fn(w: C.World, plan, out: torch.Tensor) -> Callable[[], Any]:
@@ -73,7 +75,8 @@ def compress_fn(w: C.World, plan, out: torch.Tensor) -> Callable[[], Any]:
 def decode_bytes(w: C.World) -> Tuple[int, Dict[str, Any]]:
     if w.online:
         k = w.online_decode_counts()
-        return (C.bytes_online_decode_compress(w, k["n_state_read"], k["n_state_write"], k["n_close"]),
+        return (C.bytes_online_decode_compress(w, k["n_state_read"], k["n_state_write"],
+                                               k["n_close"]),
                 {"n_compressed": k["n_close"]})
     n = w.decode_closing()
     return C.bytes_decode_compress(w, n), {"n_compressed": n}
@@ -86,10 +89,12 @@ def prefill_bytes(w: C.World) -> Tuple[int, Dict[str, Any]]:
                 {"n_compressed": k["n_c"], "n_write": k["n_w"], "n_merge": k["n_merge"]})
     k = w.prefill_counts()
     return (C.bytes_prefill_compress(w, k["n_c"], k["state_slots_read"], k["n_w"]),
-            {"n_compressed": k["n_c"], "n_write": k["n_w"], "state_slots_read": k["state_slots_read"]})
+            {"n_compressed": k["n_c"], "n_write": k["n_w"],
+             "state_slots_read": k["state_slots_read"]})
 
 
-def decode_case(ctx, name, hd, ratio, bs, pattern, state_dtype, online=False) -> List[Dict[str, Any]]:
+def decode_case(ctx, name, hd, ratio, bs, pattern, state_dtype, online=False
+                ) -> List[Dict[str, Any]]:
     seqs = C.decode_lengths(bs, pattern, ratio, C.case_seed(name))
     w = make_world(ctx, name, hd, ratio, [(s, 1) for s in seqs], state_dtype, online)
     plan = decode_plan(w)
@@ -111,8 +116,9 @@ def prefill_case(ctx, name, hd, ratio, reqs, state_dtype, online=False, padded=F
     out = torch.empty(n_rows, hd, dtype=w.input_dtype, device=w.device)
     nbytes += (n_rows - extra["n_compressed"]) * hd * out.element_size()  # invalid rows: zeros
     ref = C.ref_pool_fn(ctx, w, extra["n_compressed"], per_request=True)
-    return [C.measure(ctx, name, "compress_prefill", compress_fn(w, plan, out), nbytes, big=w.num_q >= 4096,
-                      ref_fn=ref, bs=w.bs, num_q=w.num_q, check=check, **extra)]
+    return [C.measure(ctx, name, "compress_prefill", compress_fn(w, plan, out), nbytes,
+                      big=w.num_q >= 4096, ref_fn=ref, bs=w.bs, num_q=w.num_q, check=check,
+                      **extra)]
 
 
 def cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]]:

@@ -58,8 +58,10 @@ def decode_case(ctx: C.Context, name: str, kind: str, ratio: int, bs: int) -> Li
         fn = lambda: P.generate(ratio, w.rid, w.r2t, w.f2s, w.seq, C.SWA_PAGE, w.ring,  # noqa: E731
                                 use_req_ring=False)
     plan = fn()
-    check = "ok" if tuple(plan.plan_d.shape) == (bs, 16) else f"plan shape {tuple(plan.plan_d.shape)}"
-    return [C.measure(ctx, name, "plan_decode", fn, C.bytes_decode_plan(w), wall=True, bs=bs, check=check)]
+    check = ("ok" if tuple(plan.plan_d.shape) == (bs, 16)
+             else f"plan shape {tuple(plan.plan_d.shape)}")
+    return [C.measure(ctx, name, "plan_decode", fn, C.bytes_decode_plan(w), wall=True, bs=bs,
+                      check=check)]
 
 
 def prefill_case(ctx: C.Context, name: str, kind: str, ratio: int, reqs) -> List[Dict[str, Any]]:
@@ -89,10 +91,11 @@ def prefill_case(ctx: C.Context, name: str, kind: str, ratio: int, reqs) -> List
     check_dev = _count_check(tuple(int(x) for x in dev.counts.cpu().tolist()), want)
     big = w.num_q >= 4096
     extra = dict(bs=w.bs, num_q=w.num_q, n_compress=k["n_c"], n_write=k["n_w"])
-    rows = [C.measure(ctx, name, "plan_prefill_hostlens", lambda: gen(w.seq_cpu, w.ext_cpu, False), nbytes,
-                      big=big, cold=False, wall=True, graph=False, check=check_host, **extra)]
-    rows.append(C.measure(ctx, name, "plan_prefill_devlens", lambda: gen(w.seq, w.ext, True), nbytes,
-                          big=big, check=check_dev, **extra))
+    rows = [C.measure(ctx, name, "plan_prefill_hostlens", lambda: gen(w.seq_cpu, w.ext_cpu, False),
+                      nbytes, big=big, cold=False, wall=True, graph=False, check=check_host,
+                      **extra)]
+    rows.append(C.measure(ctx, name, "plan_prefill_devlens", lambda: gen(w.seq, w.ext, True),
+                          nbytes, big=big, check=check_dev, **extra))
     return rows
 
 
@@ -109,7 +112,8 @@ def cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]
     for kind, ratio in PREFILL_KINDS:
         for pname, reqs in ctx.prefill_cases():
             name = f"{kind}/{pname}"
-            out.append((name, lambda n=name, k=kind, r=ratio, q=reqs: prefill_case(ctx, n, k, r, q)))
+            out.append((name, lambda n=name, k=kind, r=ratio, q=reqs:
+                        prefill_case(ctx, n, k, r, q)))
     return out
 
 

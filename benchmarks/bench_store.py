@@ -72,10 +72,12 @@ def written_slots(w: C.World, store_format: str) -> int:
 
 def _store_case(ctx, name, fmt, hd, ratio, reqs, decode: bool, padded: bool = False,
                 narrow: bool = False) -> List[Dict[str, Any]]:
-    w = C.World(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device, seed=C.case_seed(name), fill=False)
+    w = C.World(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device, seed=C.case_seed(name),
+                fill=False)
     plan = decode_plan(w) if decode else prefill_plan(w, padded)
     n_rows = plan[1].shape[0]
-    kv = torch.randn(n_rows, hd, device=w.device, generator=torch.Generator(device=w.device).manual_seed(7))
+    kv = torch.randn(n_rows, hd, device=w.device,
+                     generator=torch.Generator(device=w.device).manual_seed(7))
     n_tok = w.decode_closing() if decode else w.prefill_counts()["n_c"]
     fn = store_fn(w, kv, plan, fmt, narrow)
     fn()
@@ -141,7 +143,8 @@ def step_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, An
     for label, hd, r, fmt, online in STEP_CASES:
         for pat in ("bnd", "open"):
             name = f"{'online' if online else label}{hd}_c{r}_{fmt}/step_bs1_{pat}"
-            out.append((name, lambda n=name, hd=hd, r=r, f=fmt, o=online, p=pat: _step_case(ctx, n, hd, r, f, o, p)))
+            out.append((name, lambda n=name, hd=hd, r=r, f=fmt, o=online, p=pat:
+                        _step_case(ctx, n, hd, r, f, o, p)))
     return out
 
 

@@ -151,7 +151,8 @@ class Timer:
         torch.cuda.synchronize(self.device)
         return stats([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
 
-    def graph(self, fn: Callable[[], Any], per_graph: int, replays: int) -> Optional[Dict[str, float]]:
+    def graph(self, fn: Callable[[], Any], per_graph: int, replays: int
+              ) -> Optional[Dict[str, float]]:
         """Per-call time of `per_graph` back-to-back calls captured in one CUDA graph."""
         if not self.is_cuda:
             return None
@@ -276,7 +277,8 @@ class Context:
             return SMOKE_PREFILL_CASES
         return PREFILL_CASES[:1] if self.quick else PREFILL_CASES
 
-    def prefill_variants(self, padded: bool = True) -> List[Tuple[str, List[Tuple[int, int]], bool]]:
+    def prefill_variants(self, padded: bool = True
+                         ) -> List[Tuple[str, List[Tuple[int, int]], bool]]:
         """(name, requests, padded) of every prefill case; with `padded`, the first case also
         with its plan as captured in a CUDA graph ("<name>_padded"): num_q rows, the invalid
         tail included."""
@@ -308,9 +310,11 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes, 1-2 reps: checks the scripts themselves (CPU friendly)")
     ap.add_argument("--only", default=None,
-                    help="regex searched in FAMILY/CASE, e.g. 'compress/main512_c4' or 'store/.*p8x4096'")
+                    help="regex searched in FAMILY/CASE, e.g. 'compress/main512_c4' or "
+                         "'store/.*p8x4096'")
     ap.add_argument("--reps", type=int, default=None, help="cold-timing repetitions (small cases)")
-    ap.add_argument("--reps-big", type=int, default=None, help="repetitions for cases >= 4096 tokens")
+    ap.add_argument("--reps-big", type=int, default=None,
+                    help="repetitions for cases >= 4096 tokens")
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timings")
     ap.add_argument("--no-ref", action="store_true", help="skip timing the plain-PyTorch reference")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -326,7 +330,8 @@ def context_from_args(args: argparse.Namespace) -> Context:
                   only=re.compile(args.only) if args.only else None,
                   no_graph=args.no_graph, no_ref=args.no_ref)
     if device.type == "cuda":
-        ctx.reps, ctx.reps_big, ctx.warmup, ctx.graph_replays = (30, 8, 3, 5) if args.quick else (100, 20, 5, 10)
+        ctx.reps, ctx.reps_big, ctx.warmup, ctx.graph_replays = (
+            (30, 8, 3, 5) if args.quick else (100, 20, 5, 10))
     else:
         ctx.reps, ctx.reps_big, ctx.warmup, ctx.graph_replays = 5, 2, 1, 1
         ctx.ref_reps = 2
@@ -427,9 +432,9 @@ def run_cases(ctx: Context, cases: Iterable[Tuple[str, Callable[[], List[Dict[st
             _TRACEBACKS[0] += 1
             if _TRACEBACKS[0] <= 3:  # the first few in full; the rest are usually the same
                 traceback.print_exc()
-            rows.append({"case": name, "op": family, "family": family, "time_us": None, "graph_us": None, "bytes": None,
-                         "gbps": None, "frac_copy": None, "ref_us": None, "speedup_ref": None,
-                         "timing": None, "error": msg})
+            rows.append({"case": name, "op": family, "family": family, "time_us": None,
+                         "graph_us": None, "bytes": None, "gbps": None, "frac_copy": None,
+                         "ref_us": None, "speedup_ref": None, "timing": None, "error": msg})
             lost = device_healthy(ctx.device)
             if lost:
                 raise DeviceLost(f"after {name}: {lost}") from e
@@ -511,7 +516,8 @@ class World:
         for b, n in enumerate(pages_per_req):
             pages = phys[first: first + n]
             first += n
-            r2t[self.rid_cpu[b], : n * FULL_PAGE] = (pages[:, None] * FULL_PAGE + in_page).reshape(-1).to(torch.int32)
+            r2t[self.rid_cpu[b], : n * FULL_PAGE] = (
+                pages[:, None] * FULL_PAGE + in_page).reshape(-1).to(torch.int32)
         self.r2t_cpu = r2t
 
         # full_to_state: only the SWA-live pages are mapped
@@ -578,7 +584,8 @@ class World:
         max_pos = int(self.seq_cpu.max()) + 1
         inv = 1.0 / (ROPE_THETA ** (torch.arange(0, ROPE_DIM, 2, dtype=torch.float64) / ROPE_DIM))
         ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
-        self.freqs = torch.polar(torch.ones_like(ang), ang).to(torch.complex64).to(dev)  # [max_pos, 32]
+        # [max_pos, 32]
+        self.freqs = torch.polar(torch.ones_like(ang), ang).to(torch.complex64).to(dev)
         self.freqs_real = torch.view_as_real(self.freqs).reshape(max_pos, 2 * (ROPE_DIM // 2))
 
     def kvcache(self, store_format: str) -> torch.Tensor:
@@ -611,7 +618,8 @@ class World:
             n_c += int(comp.sum())
             if r == 4:  # the overlap half of the first window (s == 4) is absent, not read
                 has_ovl = (pos[comp] + 1 > 4).to(torch.int64)
-                slots += int((torch.clamp(buf, max=4) * has_ovl + torch.clamp(buf - 4, min=0)).sum())
+                slots += int((torch.clamp(buf, max=4) * has_ovl
+                              + torch.clamp(buf - 4, min=0)).sum())
             else:
                 slots += int(buf.sum())
             last_c = s // r * r
@@ -625,7 +633,8 @@ class World:
     def online_decode_counts(self) -> Dict[str, int]:
         q = (self.seq_cpu - 1) % 128
         n_close = int((q == 127).sum())
-        return {"n_close": n_close, "n_state_read": int((q != 0).sum()), "n_state_write": self.bs - n_close}
+        return {"n_close": n_close, "n_state_read": int((q != 0).sum()),
+                "n_state_write": self.bs - n_close}
 
     def online_prefill_counts(self) -> Dict[str, int]:
         n_c = n_w = n_merge = 0
@@ -657,7 +666,8 @@ def bytes_decode_compress(w: World, n_bnd: int) -> int:
     """Read every input row, the 2*hd (kv, score) elements of each window row of the n_bnd
     closing requests, ape, the plan; write every input row to the state and n_bnd outputs."""
     hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
-    read = w.bs * w.row * inp + n_bnd * WINDOW[w.ratio] * 2 * hd * st + w.ape.numel() * 4 + w.bs * 16
+    read = (w.bs * w.row * inp + n_bnd * WINDOW[w.ratio] * 2 * hd * st + w.ape.numel() * 4
+            + w.bs * 16)
     write = w.bs * w.row * st + n_bnd * hd * 4
     return read + write
 
@@ -696,7 +706,8 @@ def bytes_prefill_plan(w: World, n_c: int, n_w: int) -> int:
 
 
 # Online (cr 128 running state, SPEC 3.5): not in the peer harness; same rules.
-def bytes_online_decode_compress(w: World, n_state_read: int, n_state_write: int, n_close: int) -> int:
+def bytes_online_decode_compress(w: World, n_state_read: int, n_state_write: int,
+                                  n_close: int) -> int:
     """Read every input row, the 3*hd state of each request not restarting its chunk, ape,
     the plan; write the 3*hd state of each request not closing and the closing outputs."""
     hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
@@ -727,7 +738,8 @@ def reference_module():
         return None
 
 
-def ref_pool_fn(ctx: Context, w: World, n_tokens: int, per_request: bool) -> Optional[Callable[[], Any]]:
+def ref_pool_fn(ctx: Context, w: World, n_tokens: int, per_request: bool
+                ) -> Optional[Callable[[], Any]]:
     """The reference's pooling of the same number of compressed tokens as the op makes:
     per_request (prefill) = compressed_tokens over each request's extend rows; otherwise one
     call over n_tokens windows of fresh rows (decode). None when too big to time cheaply."""
@@ -750,7 +762,8 @@ def ref_pool_fn(ctx: Context, w: World, n_tokens: int, per_request: bool) -> Opt
     return lambda: ref.compressed_tokens(x, w.ape, r, hd)
 
 
-def ref_store_fn(ctx: Context, w: World, kv: torch.Tensor, store_format: str) -> Optional[Callable[[], Any]]:
+def ref_store_fn(ctx: Context, w: World, kv: torch.Tensor, store_format: str
+                 ) -> Optional[Callable[[], Any]]:
     """reference.store of the case's compressed tokens into a separate cache."""
     ref = reference_module()
     if ref is None or ctx.no_ref:
@@ -788,9 +801,9 @@ TABLE_HEADER = (f"{'case':<44} {'op':<22} {'time_us':>9} {'graph_us':>9} {'MB':>
 def format_row(r: Dict[str, Any]) -> str:
     mb = r["bytes"] / 1e6 if r.get("bytes") else None
     pct = r["frac_copy"] * 100 if r.get("frac_copy") is not None else None
-    s = (f"{str(r['case'])[:44]:<44} {str(r['op'])[:22]:<22} {_f(r.get('time_us'))} {_f(r.get('graph_us'))} "
-         f"{_g(mb)} {_g(r.get('gbps'), 7)} {_f(pct, 1, 6)} {_f(r.get('speedup_ref'), 1, 7)} "
-         f"{(r.get('timing') or '-'):<8}")
+    s = (f"{str(r['case'])[:44]:<44} {str(r['op'])[:22]:<22} {_f(r.get('time_us'))} "
+         f"{_f(r.get('graph_us'))} {_g(mb)} {_g(r.get('gbps'), 7)} {_f(pct, 1, 6)} "
+         f"{_f(r.get('speedup_ref'), 1, 7)} {(r.get('timing') or '-'):<8}")
     if r.get("check") not in (None, "ok"):
         s += f" CHECK {str(r['check'])[:100]}"
     if r.get("error"):
@@ -806,7 +819,8 @@ def markdown_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
     def c(x, nd=1):
         return "" if x is None else f"{x:.{nd}f}"
 
-    out = ["| case | op | time us | graph us | MB | GB/s | % copy | % same-size copy | x ref | timing | note |",
+    out = ["| case | op | time us | graph us | MB | GB/s | % copy | % same-size copy | x ref | "
+           "timing | note |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         mb = r["bytes"] / 1e6 if r.get("bytes") else None
@@ -817,8 +831,10 @@ def markdown_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
             note = f"check: {r['check']} {note}"
         note = note.replace("|", "/").replace("\n", " ")[:160]
         out.append(f"| {r['case']} | {r['op']} | {c(r.get('time_us'))} | {c(r.get('graph_us'))} | "
-                   f"{_g(mb, 0).strip() if mb else ''} | {_g(r.get('gbps'), 0).strip() if r.get('gbps') else ''} | "
-                   f"{c(pct)} | {c(same)} | {c(r.get('speedup_ref'))} | {r.get('timing') or ''} | {note} |")
+                   f"{_g(mb, 0).strip() if mb else ''} | "
+                   f"{_g(r.get('gbps'), 0).strip() if r.get('gbps') else ''} | "
+                   f"{c(pct)} | {c(same)} | {c(r.get('speedup_ref'))} | "
+                   f"{r.get('timing') or ''} | {note} |")
     return out
 
 

@@ -88,7 +88,8 @@ def load_harness(peer_dir: str):
     return sgl_bench
 
 
-def selftest_cases(H, torch) -> List[Tuple[str, Tuple[str, int, int], List[Tuple[int, int]], Any, str]]:
+def selftest_cases(H, torch
+                   ) -> List[Tuple[str, Tuple[str, int, int], List[Tuple[int, int]], Any, str]]:
     """Small CPU cases (the harness's own case list is GPU-sized)."""
     import random
 
@@ -99,7 +100,8 @@ def selftest_cases(H, torch) -> List[Tuple[str, Tuple[str, int, int], List[Tuple
         tag = f"{label}{hd}_c{r}_fp32"
         ctx = [rng.randint(*H.DECODE_CTX) for _ in range(4)]
         out.append((f"{tag}/dec_bs4_rand", combo, [(c, 1) for c in ctx], torch.float32, "decode"))
-        out.append((f"{tag}/dec_bs4_bnd", combo, [(max(r, c // r * r), 1) for c in ctx], torch.float32, "decode"))
+        out.append((f"{tag}/dec_bs4_bnd", combo, [(max(r, c // r * r), 1) for c in ctx],
+                    torch.float32, "decode"))
         out.append((f"{tag}/p2x300+200", combo, [(500, 200), (300, 300)], torch.float32, "prefill"))
     return out
 
@@ -119,7 +121,8 @@ def _primary(rec: Optional[Dict[str, Any]]) -> Tuple[Optional[float], str]:
     return _median(rec, "wall_us"), "wall"
 
 
-def join(results: Dict[str, List[Dict[str, Any]]], copy_gbps: Optional[float]) -> List[Dict[str, Any]]:
+def join(results: Dict[str, List[Dict[str, Any]]], copy_gbps: Optional[float]
+         ) -> List[Dict[str, Any]]:
     order: List[Tuple[str, str]] = []
     by: Dict[Tuple[str, str], Dict[str, Dict[str, Any]]] = {}
     for api in APIS:
@@ -137,14 +140,17 @@ def join(results: Dict[str, List[Dict[str, Any]]], copy_gbps: Optional[float]) -
         gs, gd = _median(s, "graph_us"), _median(d, "graph_us")
         nbytes = (d or s or {}).get("bytes")
         row = {
-            "case": key[0], "op": key[1], "timing": kind if ts is not None else kind_d, "bytes": nbytes,
+            "case": key[0], "op": key[1], "timing": kind if ts is not None else kind_d,
+            "bytes": nbytes,
             "sglang_us": ts, "dsv4_us": td, "ratio": (ts / td) if (ts and td) else None,
-            "sglang_graph_us": gs, "dsv4_graph_us": gd, "ratio_graph": (gs / gd) if (gs and gd) else None,
+            "sglang_graph_us": gs, "dsv4_graph_us": gd,
+            "ratio_graph": (gs / gd) if (gs and gd) else None,
             "sglang_gbps": (nbytes / (ts * 1e3)) if (nbytes and ts) else None,
             "dsv4_gbps": (nbytes / (td * 1e3)) if (nbytes and td) else None,
             "sglang_error": (s or {}).get("error"), "dsv4_error": (d or {}).get("error"),
         }
-        row["dsv4_frac_copy"] = (row["dsv4_gbps"] / copy_gbps) if (row["dsv4_gbps"] and copy_gbps) else None
+        row["dsv4_frac_copy"] = ((row["dsv4_gbps"] / copy_gbps)
+                                 if (row["dsv4_gbps"] and copy_gbps) else None)
         rows.append(row)
     return rows
 
@@ -153,14 +159,15 @@ def _f(x, nd=1, w=9):
     return f"{'-':>{w}}" if x is None else f"{x:>{w}.{nd}f}"
 
 
-HEADER = (f"{'case':<34} {'op':<16} {'sgl_us':>9} {'dsv4_us':>9} {'ratio':>6} {'sgl_g':>9} {'dsv4_g':>9} "
-          f"{'ratio_g':>7} {'MB':>8} {'sgl_GB/s':>8} {'dsv4_GB/s':>9}")
+HEADER = (f"{'case':<34} {'op':<16} {'sgl_us':>9} {'dsv4_us':>9} {'ratio':>6} {'sgl_g':>9} "
+          f"{'dsv4_g':>9} {'ratio_g':>7} {'MB':>8} {'sgl_GB/s':>8} {'dsv4_GB/s':>9}")
 
 
 def format_joined(r: Dict[str, Any]) -> str:
     mb = r["bytes"] / 1e6 if r.get("bytes") else None
-    s = (f"{str(r['case'])[:34]:<34} {str(r['op'])[:16]:<16} {_f(r['sglang_us'])} {_f(r['dsv4_us'])} "
-         f"{_f(r['ratio'], 2, 6)} {_f(r['sglang_graph_us'])} {_f(r['dsv4_graph_us'])} {_f(r['ratio_graph'], 2, 7)} "
+    s = (f"{str(r['case'])[:34]:<34} {str(r['op'])[:16]:<16} {_f(r['sglang_us'])} "
+         f"{_f(r['dsv4_us'])} {_f(r['ratio'], 2, 6)} {_f(r['sglang_graph_us'])} "
+         f"{_f(r['dsv4_graph_us'])} {_f(r['ratio_graph'], 2, 7)} "
          f"{C._g(mb, 8)} {C._g(r['sglang_gbps'], 8)} {C._g(r['dsv4_gbps'], 9)}")
     if r["timing"] == "wall":
         s += " (wall)"
@@ -178,22 +185,25 @@ def markdown(joined, checks, info, copy_gbps, summary) -> List[str]:
         return C._g(x, 0).strip() if x else ""
 
     lines = ["# dsv4_ops vs the reference engine (sglang) kernels", "",
-             f"GPU {info.get('gpu')}; sglang {info.get('sglang_version')}; torch {info.get('torch')}; "
+             f"GPU {info.get('gpu')}; sglang {info.get('sglang_version')}; "
+             f"torch {info.get('torch')}; "
              f"copy bandwidth {c(copy_gbps, 0)} GB/s; {info.get('time')}", "",
-             "Times are medians in microseconds: cold = L2 flushed before each call (wall = host wall "
-             "clock incl. synchronize, for planners fed host lengths); graph = per call in a CUDA-graph "
-             "replay. ratio = sglang / dsv4 (> 1: dsv4_ops faster). Bytes: the harness's minimum-traffic "
-             "model.", "", f"Summary: {json.dumps(summary, default=str)}", "",
-             "| case | op | sglang us | dsv4 us | ratio | sglang graph us | dsv4 graph us | ratio graph | "
-             "MB | sglang GB/s | dsv4 GB/s | note |",
+             "Times are medians in microseconds: cold = L2 flushed before each call (wall = host "
+             "wall clock incl. synchronize, for planners fed host lengths); graph = per call in a "
+             "CUDA-graph replay. ratio = sglang / dsv4 (> 1: dsv4_ops faster). Bytes: the "
+             "harness's minimum-traffic model.", "",
+             f"Summary: {json.dumps(summary, default=str)}", "",
+             "| case | op | sglang us | dsv4 us | ratio | sglang graph us | dsv4 graph us | "
+             "ratio graph | MB | sglang GB/s | dsv4 GB/s | note |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in joined:
         note = "; ".join(f"{a}: {str(r[f'{a}_error'])[:80]}" for a in APIS if r.get(f"{a}_error"))
         if r["timing"] == "wall":
             note = ("wall " + note).strip()
         mb = r["bytes"] / 1e6 if r.get("bytes") else None
-        lines.append(f"| {r['case']} | {r['op']} | {c(r['sglang_us'])} | {c(r['dsv4_us'])} | {c(r['ratio'], 2)} | "
-                     f"{c(r['sglang_graph_us'])} | {c(r['dsv4_graph_us'])} | {c(r['ratio_graph'], 2)} | {g(mb)} | "
+        lines.append(f"| {r['case']} | {r['op']} | {c(r['sglang_us'])} | {c(r['dsv4_us'])} | "
+                     f"{c(r['ratio'], 2)} | {c(r['sglang_graph_us'])} | {c(r['dsv4_graph_us'])} | "
+                     f"{c(r['ratio_graph'], 2)} | {g(mb)} | "
                      f"{g(r['sglang_gbps'])} | {g(r['dsv4_gbps'])} | {note.replace('|', '/')} |")
     lines += ["", "## correctness checks of the harness", ""]
     for api in APIS:
@@ -216,7 +226,8 @@ def geomean(xs: List[float]) -> Optional[float]:
 # main
 # --------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peer-dir", default=".peer", help="folder holding sgl_bench.py and stubs/")
     ap.add_argument("--out", default=os.environ.get("OUT") or "peer_compare_out")
     ap.add_argument("--quick", action="store_true")
@@ -229,9 +240,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--graph-replays", type=int, default=20)
     ap.add_argument("--no-graph", action="store_true")
-    ap.add_argument("--apis", default=",".join(APIS), help="which of sglang,dsv4 to run (default both)")
+    ap.add_argument("--apis", default=",".join(APIS),
+                    help="which of sglang,dsv4 to run (default both)")
     ap.add_argument("--no-precompile", action="store_true", help="let sglang JIT-compile lazily")
-    ap.add_argument("--budget-s", type=float, default=None, help="start no new case after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new case after this many seconds")
     ap.add_argument("--selftest-cpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -255,18 +268,21 @@ def main(argv=None) -> int:
         return 1
     import torch
 
-    info.update(torch=torch.__version__, torch_cuda=torch.version.cuda, python=sys.version.split()[0])
+    info.update(torch=torch.__version__, torch_cuda=torch.version.cuda,
+                python=sys.version.split()[0])
     api_objs: Dict[str, Any] = {}
     if "sglang" in apis:
         try:
             if args.selftest_cpu:
-                api_objs["sglang"] = H.make_fake_api(torch, SimpleNamespace(C=None, KVLayout=DSV4KVLayout))
+                api_objs["sglang"] = H.make_fake_api(
+                    torch, SimpleNamespace(C=None, KVLayout=DSV4KVLayout))
                 info["sglang_version"] = "stand-in (selftest)"
             else:
                 import sglang
 
                 if not getattr(sglang, "PEER_STUB", False):
-                    raise ImportError(f"the stub sglang package is not first on sys.path: {sglang.__file__} "
+                    raise ImportError(f"the stub sglang package is not first on sys.path: "
+                                      f"{sglang.__file__} "
                                       f"(put {peer_dir}/stubs first on PYTHONPATH)")
                 api_objs["sglang"] = H.import_api()
                 try:
@@ -277,7 +293,8 @@ def main(argv=None) -> int:
                     info["sglang_version"] = "unknown"
                 info["sglang_compress_module"] = getattr(api_objs["sglang"].C, "__file__", None)
         except Exception as e:  # noqa: BLE001
-            log(f"[peer_compare] cannot import the reference engine (sglang): {type(e).__name__}: {e}")
+            log(f"[peer_compare] cannot import the reference engine (sglang): "
+                f"{type(e).__name__}: {e}")
             log("  (install .peer/wheels/*.whl into /tmp/site and run with "
                 "PYTHONPATH=$PWD/.peer/stubs:/tmp/site, see .peer/README.md)")
             traceback.print_exc()
@@ -309,7 +326,8 @@ def main(argv=None) -> int:
         info.update(gpu=p.name, cc=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count)
         timer = H.Timer(torch, H.FLUSH_BYTES, dev)
     combos = H.DEFAULT_COMBOS + (H.EXTRA_COMBOS if args.all_combos else [])
-    sdts = [{"fp32": torch.float32, "bf16": torch.bfloat16}[s] for s in args.state_dtypes.split(",")]
+    sdts = [{"fp32": torch.float32, "bf16": torch.bfloat16}[s]
+            for s in args.state_dtypes.split(",")]
     if "sglang" in api_objs and not args.selftest_cpu and not args.no_precompile:
         t0 = time.time()
         try:
@@ -356,7 +374,8 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001
                 log(f"{case_name} [{api_name}]: FAILED {type(e).__name__}: {e}")
                 traceback.print_exc()
-                bench.results.append({"case": case_name, "op": "*", "error": f"{type(e).__name__}: {e}"})
+                bench.results.append({"case": case_name, "op": "*",
+                                      "error": f"{type(e).__name__}: {e}"})
                 status = 2
                 lost = C.device_healthy(dev)
                 if lost:
@@ -382,11 +401,12 @@ def main(argv=None) -> int:
         "geomean_ratio_graph": geomean([r["ratio_graph"] for r in joined]),
         "geomean_ratio_cold_by_op": {op: geomean([r["ratio"] for r in joined if r["op"] == op])
                                      for op in sorted({r["op"] for r in joined})},
-        "checks": {n: f"{sum(bool(c.get('ok')) for c in cs)}/{len(cs)} ok" for n, cs in checks.items()},
+        "checks": {n: f"{sum(bool(c.get('ok')) for c in cs)}/{len(cs)} ok"
+                   for n, cs in checks.items()},
         "run_seconds": round(time.time() - t_run, 1), "skipped_for_time": skipped,
     }
-    payload = {"env": info, "ceiling": ceiling, "args": vars(args), "summary": summary, "joined": joined,
-               "results": results, "checks": checks}
+    payload = {"env": info, "ceiling": ceiling, "args": vars(args), "summary": summary,
+               "joined": joined, "results": results, "checks": checks}
     with open(os.path.join(args.out, "peer_compare.json"), "w") as f:
         json.dump(payload, f, indent=1, default=str)
     md = markdown(joined, checks, info, ceiling["gbps"], summary)
@@ -395,8 +415,8 @@ def main(argv=None) -> int:
 
     log("")
     log("=" * 130)
-    log(f"GPU {info.get('gpu')}  sglang {info.get('sglang_version')}  copy {ceiling['gbps']:.0f} GB/s  "
-        f"ratio = sglang / dsv4 (> 1: dsv4_ops faster)")
+    log(f"GPU {info.get('gpu')}  sglang {info.get('sglang_version')}  "
+        f"copy {ceiling['gbps']:.0f} GB/s  ratio = sglang / dsv4 (> 1: dsv4_ops faster)")
     log(HEADER)
     for r in joined:
         log(format_joined(r))

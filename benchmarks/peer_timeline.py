@@ -65,7 +65,8 @@ def hand_over(spans: List[Tuple[str, float, float]], pairs: int) -> Dict[str, fl
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peer-dir", default=".peer", help="folder holding sgl_bench.py and stubs/")
     ap.add_argument("--out", default=os.environ.get("OUT") or "peer_timeline_out")
     ap.add_argument("--bs", type=int, default=8, help="decode rows, every one closing a window")
@@ -148,8 +149,9 @@ def main(argv=None) -> int:
         json.dump({"rows": rows, "env": info, "git": P.C.git_tree()}, f, indent=1)
     lines = ["| case | pairing | graph us | store after C | compress after S | store lead |",
              "|---|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['case']} | {r['pairing']} | {r['graph_us']:.2f} | {r['store_after_compress_us']:.2f} | "
-              f"{r['compress_after_store_us']:.2f} | {r['store_lead_us']:.2f} |" for r in rows]
+    lines += [f"| {r['case']} | {r['pairing']} | {r['graph_us']:.2f} | "
+              f"{r['store_after_compress_us']:.2f} | {r['compress_after_store_us']:.2f} | "
+              f"{r['store_lead_us']:.2f} |" for r in rows]
     with open(os.path.join(args.out, "peer_timeline.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return 0 if rows else 1

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run every dsv4_ops benchmark family on the current device and write the results.
 
-    python benchmarks/run.py [--quick] [--only REGEX] [--out DIR] [--families plan,compress,store,step]
+    python benchmarks/run.py [--quick] [--only REGEX] [--out DIR]
+                             [--families plan,compress,store,step]
 
 Prints one table (time, bytes moved, effective bandwidth, % of the device copy bandwidth
 measured in the same run, speed-up over the plain-PyTorch reference) and writes, under --out:
@@ -50,18 +51,19 @@ def write_json(path: str, payload: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any], notes: List[str]) -> None:
+def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any],
+                   notes: List[str]) -> None:
     lines = ["# dsv4_ops benchmarks", ""]
     dev = info.get("gpu") or info.get("device")
     lines.append(f"device: {dev}; torch {info.get('torch')} (cuda {info.get('torch_cuda')}); "
                  f"dsv4_ops git {info.get('git', '?')}; {info.get('time')}")
     if copy.get("gbps"):
         lines.append(f"copy bandwidth (device-to-device, read+write): {copy['gbps']:.0f} GB/s")
-    lines += ["", "time us: cold-L2 median (CPU: wall-clock median); graph us: per call, CUDA-graph "
-              "replay; MB: minimum DRAM traffic; % copy: GB/s over the copy bandwidth; % same-size "
-              "copy: GB/s over that of a copy moving the same bytes, timed the same way (cold rows "
-              "of at least 1 MB: a short op pays the fixed costs a short copy pays); x ref: "
-              "dsv4_ops.reference time / dsv4_ops time.", ""]
+    lines += ["", "time us: cold-L2 median (CPU: wall-clock median); graph us: per call, "
+              "CUDA-graph replay; MB: minimum DRAM traffic; % copy: GB/s over the copy bandwidth; "
+              "% same-size copy: GB/s over that of a copy moving the same bytes, timed the same "
+              "way (cold rows of at least 1 MB: a short op pays the fixed costs a short copy "
+              "pays); x ref: dsv4_ops.reference time / dsv4_ops time.", ""]
     lines += C.markdown_table(rows)
     if notes:
         lines += ["", "## notes", ""] + [f"- {n}" for n in notes]
@@ -91,15 +93,17 @@ def plot_bandwidth(path: str, rows, copy_gbps: Optional[float], title: str) -> O
     for ax, (fam, rs) in zip(axes[:, 0], fams.items()):
         x = list(range(len(rs)))
         cold = [r.get("gbps") or 0.0 for r in rs]
-        graph = [(r["bytes"] / (r["graph_us"] * 1e3)) if (r.get("bytes") and r.get("graph_us")) else None
-                 for r in rs]
+        graph = [(r["bytes"] / (r["graph_us"] * 1e3)) if (r.get("bytes") and r.get("graph_us"))
+                 else None for r in rs]
         kind = "cold L2" if any(r.get("timing") == "cold" for r in rs) else "wall clock"
         ax.bar(x, cold, color="tab:blue", label=kind if any(cold) else None)
         gx = [i for i, g in zip(x, graph) if g]
         if gx:
-            ax.plot(gx, [g for g in graph if g], "o", color="tab:orange", markersize=3, label="graph replay")
+            ax.plot(gx, [g for g in graph if g], "o", color="tab:orange", markersize=3,
+                    label="graph replay")
         if copy_gbps:
-            ax.axhline(copy_gbps, color="tab:red", linestyle="--", label=f"copy {copy_gbps:.0f} GB/s")
+            ax.axhline(copy_gbps, color="tab:red", linestyle="--",
+                       label=f"copy {copy_gbps:.0f} GB/s")
         vals = [v for v in cold + [g for g in graph if g] if v and v > 0]
         if vals and (copy_gbps or max(vals)) / min(vals) > 50:
             ax.set_yscale("log")  # planners move kilobytes, prefill ops gigabytes
@@ -120,7 +124,8 @@ def report(args, info: Dict[str, Any], copy: Dict[str, Any], rows: List[Dict[str
            payload: Dict[str, Any], skipped: List[str], json_path: str) -> int:
     """Notes, results.md, bandwidth.png, final results.json and the printed table; returns
     1 when some row failed, else 0."""
-    bad_checks = [f"{r['case']} {r['op']}: {r['check']}" for r in rows if r.get("check") not in (None, "ok")]
+    bad_checks = [f"{r['case']} {r['op']}: {r['check']}" for r in rows
+                  if r.get("check") not in (None, "ok")]
     errors = [r for r in rows if r.get("error")]
     notes = payload["notes"]
     if skipped:
@@ -139,8 +144,8 @@ def report(args, info: Dict[str, Any], copy: Dict[str, Any], rows: List[Dict[str
     C.log("")
     C.log("=" * 120)
     gb = copy.get("gbps")
-    C.log(f"{title}: copy {gb:.0f} GB/s; {len(rows)} rows in {payload.get('run_seconds')} s" if gb else
-          f"{title}: no copy measurement; {len(rows)} rows")
+    C.log(f"{title}: copy {gb:.0f} GB/s; {len(rows)} rows in {payload.get('run_seconds')} s"
+          if gb else f"{title}: no copy measurement; {len(rows)} rows")
     for line in C.format_table(all_rows):
         C.log(line)
     for n in notes:
@@ -168,15 +173,16 @@ def run_isolated(args, fams: List[str]) -> int:
     t0 = time.monotonic()
     deadline = t0 + args.budget_s if args.budget_s else None
     json_path = os.path.join(args.out, "results.json")
-    payload: Dict[str, Any] = {"env": {}, "args": vars(args), "copy": {}, "copy_per_family": {}, "rows": [],
-                               "notes": [], "family_status": {}, "bytes_model": C.__doc__}
+    payload: Dict[str, Any] = {"env": {}, "args": vars(args), "copy": {}, "copy_per_family": {},
+                               "rows": [], "notes": [], "family_status": {},
+                               "bytes_model": C.__doc__}
     rows: List[Dict[str, Any]] = []
     skipped: List[str] = []
     status = 0
     for fam in fams:
         sub = os.path.join(args.out, "families", fam)
-        cmd = [sys.executable, os.path.abspath(__file__), "--no-isolate", "--child", "--families", fam,
-               "--out", sub] + passthrough(args)
+        cmd = [sys.executable, os.path.abspath(__file__), "--no-isolate", "--child",
+               "--families", fam, "--out", sub] + passthrough(args)
         limit = None
         if deadline is not None:
             left = deadline - time.monotonic()
@@ -221,10 +227,12 @@ def run_isolated(args, fams: List[str]) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     C.add_common_args(ap)
     ap.add_argument("--out", default=os.environ.get("DSV4_BENCH_OUT", "bench_out"))
-    ap.add_argument("--families", default=",".join(FAMILIES), help="comma list of " + ",".join(FAMILIES))
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help="comma list of " + ",".join(FAMILIES))
     ap.add_argument("--isolate", dest="isolate", action="store_true", default=None,
                     help="one process per family (default on CUDA)")
     ap.add_argument("--no-isolate", dest="isolate", action="store_false")
