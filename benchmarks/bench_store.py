@@ -89,6 +89,14 @@ def _store_case(ctx, name, fmt, hd, ratio, reqs, decode: bool, padded: bool = Fa
                       ref_fn=ref, bs=w.bs, n_compressed=n_tok, store_format=fmt, check=check)]
 
 
+def _decode_store_case(ctx, tag, fmt, hd, r, bs, pat, narrow=False):
+    """(name, thunk) of a decode store case: bs requests with `pat` lengths."""
+    name = f"{tag}/dec_bs{bs}_{pat}"
+    seqs = C.decode_lengths(bs, pat, r, C.case_seed(name))
+    return (name, lambda: _store_case(ctx, name, fmt, hd, r, [(s, 1) for s in seqs], True,
+                                      narrow=narrow))
+
+
 def store_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]]:
     out = []
     big_bs = ctx.decode_bs()[-1]
@@ -98,10 +106,7 @@ def store_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, A
             for pat in ("bnd", "rand"):
                 if pat == "rand" and bs != big_bs:
                     continue
-                name = f"{tag}/dec_bs{bs}_{pat}"
-                seqs = C.decode_lengths(bs, pat, r, C.case_seed(name))
-                out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=[(s, 1) for s in seqs]:
-                            _store_case(ctx, n, f, hd, r, q, True)))
+                out.append(_decode_store_case(ctx, tag, fmt, hd, r, bs, pat))
         # padded plans: the bytes model counts the valid rows' data only
         for pname, reqs, padded in ctx.prefill_variants():
             name = f"{tag}/{pname}"
@@ -109,10 +114,7 @@ def store_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, A
                         _store_case(ctx, n, f, hd, r, q, False, padded=p)))
     for fmt, hd, r in NARROW_CASES:
         tag = f"{fmt}_c{r}_bf16w_i32loc"
-        name = f"{tag}/dec_bs8_bnd"
-        seqs = C.decode_lengths(8, "bnd", r, C.case_seed(name))
-        out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=[(s, 1) for s in seqs]:
-                    _store_case(ctx, n, f, hd, r, q, True, narrow=True)))
+        out.append(_decode_store_case(ctx, tag, fmt, hd, r, 8, "bnd", narrow=True))
         pname, reqs = ctx.prefill_cases()[0]
         name = f"{tag}/{pname}"
         out.append((name, lambda n=name, f=fmt, hd=hd, r=r, q=reqs:
