@@ -43,6 +43,8 @@ DEFAULT_K="$DEFAULT_K or test_decode_rows or test_inactive_rows_write_nothing or
 DEFAULT_K="$DEFAULT_K or (test_prefill_matches_oracle and 0-64 and not test_plan)"
 # long padded plans: pooling blocks that take several records in turn (shared-memory records)
 DEFAULT_K="$DEFAULT_K or padded_prefill_many_records or (test_padded_prefill_strided_blocks and 4-17000)"
+# cr 128 decode blocks that take several requests (shared-memory records, copies, then pools)
+DEFAULT_K="$DEFAULT_K or (test_c128_decode_request_groups and 128-at)"
 SAN_K=${SAN_K:-"$SAN_DEVICE and ($DEFAULT_K)"}
 
 if [ -z "${SAN_TESTS:-}" ]; then

@@ -527,14 +527,20 @@ def test_decode_big_batch_mixed_steps(device, cr, batch):
     _check_mixed_decode_batch(device, cr, 128, batch)
 
 
-@pytest.mark.parametrize("hd,waves", [(128, 1), (128, 2), (512, 1), (512, 2), (512, 4)])
-def test_c128_decode_block_grouping(device, hd, waves):
-    """cr = 128 decode on the GPU gives a block 1, 2 or 4 channel slices of an event depending
-    on how many waves of one-slice blocks the batch makes (c128_decode_slices_per_block): a
-    batch just past each threshold of this device, steps of every kind."""
+@pytest.mark.parametrize("hd,case", [(128, "below"), (128, "at"), (512, "below"), (512, "at"),
+                                     (512, "many")])
+def test_c128_decode_request_groups(device, hd, case):
+    """cr = 128 decode on the GPU: below 4 waves of blocks a block per request and channel
+    slice; from there (c128_decode_groups) a block per slice and group of requests,
+    which copies its requests' rows and pools its share of the step's closing requests, the
+    new row read from the input. A batch just below and at that threshold, and one of more
+    than 32 requests per block (past the rows copied with the plan records), steps of every
+    kind."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    slices = hd // 64
-    batch = (waves * 4 * sms + slices - 1) // slices + 1
+    slices, slots = hd // 64, 2 * sms
+    threshold = -(-4 * slots // slices)  # first batch of the grouped blocks
+    groups = max(1, slots // slices)
+    batch = {"below": threshold - 1, "at": threshold, "many": 32 * groups + 1}[case]
     _check_mixed_decode_batch(device, 128, hd, batch)
 
 

@@ -133,7 +133,6 @@ inline Params make_params(const CallShape& cs, const at::Tensor& kv_score_buffer
   p.out_type = out.scalar_type() == at::kFloat ? kOutF32 : kOutBF16;
   p.online_store = 0;
   p.after_pool = 0;
-  p.slices_per_block = 1;
   p.records_per_block = 1;
   return p;
 }

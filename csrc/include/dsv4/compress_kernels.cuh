@@ -18,15 +18,17 @@
 //   * c4_kernel<TS, TI, kDecode, kHd>: kC4Block = 128 threads; one event per kHd/4 threads
 //     (hd 128: 4 events per block, hd 512: 1); a thread folds all 8 window rows of its
 //     channels.
-//   * c128_kernel<TS, TI, kMode, kHd>: c128_blocks(events, kHd, ...) blocks of kC128Block = 512
-//     threads (channel slices minor); a block owns 64 channels of one event: 32 lanes of 2
-//     channels x 16 row groups of 8 rows. Each thread folds its 8 rows in registers; the 16
-//     partial states per channel are merged in shared memory (max first, then the sums) by
-//     one thread per channel. Modes: offline prefill, offline decode, online prefill
-//     (segments). A block whose window has no present row (a decode step that closes none)
-//     writes zeros and exits. A decode block first copies its channels of the new row into
-//     the state, and in a large batch takes 2 or 4 slices of its event in turn
-//     (c128_decode_slices_per_block).
+//   * c128_kernel<TS, TI, kMode, kHd>: c128_record_blocks(records, kHd, ...) (decode:
+//     c128_decode_blocks) blocks of kC128Block = 512 threads (channel slices minor); a block owns 64 channels of one record
+//     at a time: 32 lanes of 2 channels x 16 row groups of 8 rows. Each thread folds its 8
+//     rows in registers; the 16 partial states per channel are merged in shared memory (max
+//     first, then the sums) by one thread per channel. Modes: offline prefill, offline decode,
+//     online prefill (segments). A record whose window has no present row (a decode step that
+//     closes none, an invalid record) gives zeros. A block takes several records strided by
+//     the grid where there are many (Params::records_per_block: c128_records_per_block,
+//     c128_decode_records_per_block); a decode block first copies its channels of its records'
+//     new rows into the state, and in a large batch then pools its share of all the step's
+//     closing requests (c128_decode_groups).
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
 //   * write_rows_kernel<TS, TI, kRow>: offline prefill plan_w (copy input rows into state
 //     slots); launched after the compress kernel so that every compress read precedes every
@@ -63,24 +65,14 @@ constexpr int kC128Rows = 8;                                // window rows per t
 constexpr int kC128RowGroups = 128 / kC128Rows;             // 16 partial states per channel
 constexpr int kC128Block = kC128Lanes * kC128RowGroups;     // 512
 
-// Blocks of a c128_kernel launch: one per event and group of `slices_per_block` 64-channel
-// slices (a divisor of hd / 64; 1 except for decode, Params::slices_per_block).
-inline int64_t c128_blocks(int64_t events, int hd, int slices_per_block = 1) {
-  return events * (hd / kC128Ch / slices_per_block);
-}
-
-// Slices per c128 decode block for a step of `events` requests on `sms` multiprocessors. A
-// step that closes no window (127 in 128) only copies its row, so in a large batch most
-// blocks exit after one memory round trip and their number sets the time; a block that takes
-// 2 or 4 slices of its event in turn cuts that number, at the price of pooling those slices
-// one after the other where a window closes. Measured on the H200 (hd 512, one slice per block
-// -> this choice): 1024 requests, none closing 28.1 -> 11.5 us, one in 16 34.6 -> 22.6, all
-// 136.9 -> 137.4; 256 requests (2 slices) 9.7 -> 7.1, 12.4 -> 11.5, 39.5 -> 39.9.
-inline int c128_decode_slices_per_block(int64_t events, int hd, int64_t sms) {
-  const int64_t waves = c128_blocks(events, hd) / (4 * sms);  // 4 resident blocks per SM
-  const int spb = waves >= 4 ? 4 : (waves >= 2 ? 2 : 1);
-  return spb < hd / kC128Ch ? spb : hd / kC128Ch;
-}
+// Resident blocks per multiprocessor the pooling kernels are compiled for (register budget):
+// tuning knobs, measured on the H200 (benchmarks/bench_compress.py).
+#ifndef DSV4_C4_MIN_BLOCKS
+#define DSV4_C4_MIN_BLOCKS 4
+#endif
+#ifndef DSV4_C128_MIN_BLOCKS
+#define DSV4_C128_MIN_BLOCKS 2
+#endif
 
 // Grid of a prefill / online pooling launch whose blocks take their units (c128: records; c4:
 // a block's group of records) in turn, strided by the grid. A padded (CUDA-graph,
@@ -110,14 +102,31 @@ inline int64_t c128_record_blocks(int64_t records, int hd, int records_per_block
   return (records + records_per_block - 1) / records_per_block * (hd / kC128Ch);
 }
 
-// Resident blocks per multiprocessor the pooling kernels are compiled for (register budget):
-// tuning knobs, measured on the H200 (benchmarks/bench_compress.py).
-#ifndef DSV4_C4_MIN_BLOCKS
-#define DSV4_C4_MIN_BLOCKS 4
-#endif
-#ifndef DSV4_C128_MIN_BLOCKS
-#define DSV4_C128_MIN_BLOCKS 2
-#endif
+// c128 decode (Params::records_per_block, see c128_kernel). Below four waves of blocks (two
+// resident per SM), a block per request and 64-channel slice. From there, one wave: a block per
+// slice and group of requests, which copies its slice of its requests' rows and pools its share
+// of the step's closing requests. A decode step closes no window for most requests (a request
+// closes one in 128 steps), and a block per request and slice then spends a block's round trip
+// on each. Exactly slots / slices groups: fewer would leave multiprocessor slots idle in a step
+// where every request closes. Below four waves the groups would hold 3 or fewer requests, and a
+// step that closes many windows then pays for the rounding of its pools to whole rounds. Measured
+// on the H200: docs/performance_log.md (thirteenth session).
+inline int64_t c128_decode_groups(int64_t events, int hd, int64_t sms) {
+  const int64_t slices = hd / kC128Ch, slots = DSV4_C128_MIN_BLOCKS * (sms > 0 ? sms : 1);
+  if (events * slices < 4 * slots) return 0;  // 0: a block per request and slice
+  const int64_t groups = slots / slices > 0 ? slots / slices : 1,
+                floor_groups = (events + kC128MaxRecords - 1) / kC128MaxRecords;
+  const int64_t n = groups > floor_groups ? groups : floor_groups;
+  return n < events ? n : 0;  // (several requests per grouped block)
+}
+inline int c128_decode_records_per_block(int64_t events, int hd, int64_t sms) {
+  const int64_t groups = c128_decode_groups(events, hd, sms);
+  return groups > 0 ? int((events + groups - 1) / groups) : 1;
+}
+inline int64_t c128_decode_blocks(int64_t events, int hd, int64_t sms) {
+  const int64_t groups = c128_decode_groups(events, hd, sms);
+  return (groups > 0 ? groups : events) * (hd / kC128Ch);
+}
 
 #if defined(DSV4_HIP)
 #define DSV4_COMPRESS_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
@@ -501,7 +510,8 @@ DSV4_DEVICE bool c128_pools(const WindowRows& w, const OnlineSegment& seg) {
   return kMode != kModeOnline ? !window_empty(w, 128) : seg.valid;
 }
 
-// The same for a prefill record / online segment straight from its plan record.
+// The same straight from a plan record: a prefill record, an online segment, or a decode
+// record (DecodePlan).
 template <int kMode>
 DSV4_DEVICE bool c128_record_pools(const Params& p, const CompressPlan& rec) {
   if constexpr (kMode == kModeOnline) {
@@ -512,6 +522,18 @@ DSV4_DEVICE bool c128_record_pools(const Params& p, const CompressPlan& rec) {
                              OnlineSegment{});
   }
 }
+template <int kMode>
+DSV4_DEVICE bool c128_record_pools(const Params& p, const DecodePlan& rec) {
+  return c128_pools<kMode>(
+      resolve_state_rows(offline_decode_window(rec, 128), 128, p.num_state_rows),
+      OnlineSegment{});
+}
+
+// Decode: threads per record that copy the block's 64 channels of its input row (V channels
+// each, kv half then score half), and the records whose copies a block loads together with
+// its plan records (more go in further rounds).
+constexpr int kC128CopyLanes = 2 * kC128Lanes;
+constexpr int kC128CopyAhead = 4 * (kC128Block / kC128CopyLanes);
 
 // kModePrefill: CompressPlan rows, window per SPEC 3.1 -> out[e].
 // kModeDecode: DecodePlan rows; copy the block's channels of input row e into write_loc first
@@ -525,198 +547,276 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   alignas(16) __shared__ float part[3][kC128RowGroups][kC128Ch];
   constexpr int64_t kInRow = 2 * int64_t(kHd);
   constexpr int64_t kStRow = kMode == kModeOnline ? 3 * int64_t(kHd) : kInRow;
+  constexpr bool kDecode = kMode == kModeDecode;
+  using Rec = typename std::conditional<kDecode, DecodePlan, CompressPlan>::type;
+  using RawIn = typename RawVec<TI, V>::type;
 
   pdl_wait();
-  // Channel slices minor (c128_blocks): the kHd / 64 slices of an event run side by side and
-  // read its rows whole, which keeps DRAM pages and TLB entries shared. A decode block may take
-  // several slices of its event in turn (p.slices_per_block, see c128_blocks).
+  // Channel slices minor: the kHd / 64 slices of a record run side by side and read its rows
+  // whole, which keeps DRAM pages and TLB entries shared.
   constexpr int kSlices = kHd / kC128Ch;
-  const int spb = (kMode == kModeDecode && p.slices_per_block > 1) ? p.slices_per_block : 1;
-  // kSlices / spb blocks per event, both powers of two (spb: see c128_decode_slices_per_block):
-  // shifts, not divisions.
-  static_assert((kSlices & (kSlices - 1)) == 0, "slices per event must be a power of two");
-  const int group_bits = __ffs(kSlices) - __ffs(spb);
-  const int64_t e0 = blockIdx.x >> group_bits;
-  const int slice0 = int(blockIdx.x & ((1u << group_bits) - 1)) * spb;
+  const int64_t e0 = blockIdx.x / kSlices;
+  const int c0 = int(blockIdx.x % kSlices) * kC128Ch;  // the block's channels c0 .. c0 + 63
   const int t = int(threadIdx.x);
   const int g = t / kC128Lanes;  // row group: window rows U*g .. U*g+U-1
   const int lane = t % kC128Lanes;
+  const int c = c0 + lane * V;
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
 
-  // Records e0 + k * stride, k < nrec (c128_records_per_block; decode: one). With more than
-  // one (a long, padded plan), a thread per record reads its plan record, all in one round
-  // trip, and sorts it: order[0, n_pool) are the records to pool, order[nrec - n_zero, nrec)
-  // those that pool nothing. The block writes the zero rows of the latter together, then pools
-  // the former in turn. Which of its records a block pools first changes no result.
-  const int nrec = (kMode != kModeDecode && p.records_per_block > 1) ? p.records_per_block : 1;
-  const int64_t stride = int64_t(gridDim.x) >> group_bits;
-  constexpr int kMaxRecs = kMode == kModeDecode ? 1 : kC128MaxRecords;
-  static_assert(kC128MaxRecords <= kC128Block, "one thread reads and sorts each record");
-  __shared__ CompressPlan recs[kMaxRecs];
-  __shared__ int16_t order[kMaxRecs];
+  // Decode: the channels of a record's input row that thread t copies (with t % 64 < 64).
+  const int64_t copy_at = (t % kC128CopyLanes >= kC128Lanes ? kHd : 0) + c0 + lane * V;
+
+  // Records e0 + k * stride, k < nrec (c128_records_per_block). With more than one, a thread per
+  // record reads its plan record, all in one round trip, and sorts it: order[0, n_pool) are the
+  // records to pool, order[nrec - n_zero, nrec) those that pool nothing. The block writes the
+  // zero rows of the latter together, then pools the former in turn. Which of its records a
+  // block pools first changes no result.
+  // Decode with more than one (c128_decode_records_per_block, a large batch): the block copies
+  // its slice of its records' rows and writes the zero rows of those that close nothing; then
+  // every block counts the closing requests of the whole step in request order, and pools its
+  // slice of those whose count c has c % stride == e0. The pooling is thus spread evenly over
+  // the blocks whatever pattern of requests closes (an assignment of the block's own records
+  // serialises some pattern), and a step that closes few windows costs about one block per
+  // multiprocessor slot. The window row the step writes is pooled from the input row (as the
+  // copy stores it), so that no block waits for another block's copy.
+  const int nrec = p.records_per_block > 1 ? p.records_per_block : 1;
+  const int64_t stride = int64_t(gridDim.x) / kSlices;
+  __shared__ Rec recs[kC128MaxRecords];
+  __shared__ int16_t order[kC128MaxRecords];
   __shared__ int n_pool, n_zero;
+  constexpr int kScanGroups = kC128Block / kLaneGroup;
+  __shared__ int32_t evs[kDecode ? kC128MaxRecords : 1];  // decode: the pooled requests
+  __shared__ int group_closing[2][kDecode ? kScanGroups : 1];
   int to_pool = 1;
-  const CompressPlan* src = reinterpret_cast<const CompressPlan*>(p.plan) + e0;  // record k
-  if constexpr (kMode != kModeDecode) {
-    if (nrec > 1) {
-      src = recs;
-      if (t == 0) n_pool = n_zero = 0;
+  const Rec* src = reinterpret_cast<const Rec*>(p.plan) + e0;  // record k
+  if (nrec > 1) {
+    src = recs;
+    // Decode: record k's row is copied by threads t with t / 64 == k % 8; the first
+    // kC128CopyAhead records' rows are loaded with the plan records (their addresses do not
+    // depend on them).
+    const auto copy_row = [&](int k) {
+      const int64_t e = e0 + k * stride;
+      return k < nrec && e < p.num_records && e < p.num_in_rows ? in + e * kInRow + copy_at
+                                                                : nullptr;
+    };
+    constexpr int kAhead = kDecode ? kC128CopyAhead / (kC128Block / kC128CopyLanes) : 1;
+    RawIn cv[kAhead];
+    Rec scan_rec{};  // decode: the plan record thread t reads in the scan below, loaded ahead
+    if constexpr (kDecode) {
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        const TI* r = copy_row(t / kC128CopyLanes + j * (kC128Block / kC128CopyLanes));
+        cv[j] = load_raw_if<TI, V, false>(r != nullptr, r, RawIn{});
+      }
+      if (t < p.num_records) scan_rec = reinterpret_cast<const Rec*>(p.plan)[t];
+    }
+    if (t == 0) n_pool = n_zero = 0;
+    __syncthreads();
+    if (t < nrec && e0 + t * stride < p.num_records) {
+      const Rec rec = reinterpret_cast<const Rec*>(p.plan)[e0 + t * stride];
+      recs[t] = rec;
+      if (c128_record_pools<kMode>(p, rec))
+        order[atomicAdd(&n_pool, 1)] = int16_t(t);
+      else
+        order[nrec - 1 - atomicAdd(&n_zero, 1)] = int16_t(t);
+    }
+    __syncthreads();
+    to_pool = n_pool;
+    if constexpr (kDecode) {
+      const auto copy_to = [&](int k, RawIn v) {
+        if (copy_row(k) == nullptr) return;
+        const int64_t wl = recs[k].write_loc;
+        if (wl < 0 || wl >= p.num_state_rows) return;
+        float f[V];
+        unpack(v, f);
+        store_vec(st + wl * kStRow + copy_at, f);
+      };
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j)
+        copy_to(t / kC128CopyLanes + j * (kC128Block / kC128CopyLanes), cv[j]);
+      for (int k = kC128CopyAhead + t / kC128CopyLanes; k < nrec;
+           k += kC128Block / kC128CopyLanes) {
+        const TI* r = copy_row(k);
+        copy_to(k, load_raw_if<TI, V, false>(r != nullptr, r, RawIn{}));
+      }
+    }
+    if (p.out != nullptr) {
+      constexpr int kLanesPerRow = kC128Ch / 4;  // 4 channels per thread
+      const float zero[4] = {};
+      for (int k = nrec - n_zero + t / kLanesPerRow; k < nrec; k += kC128Block / kLanesPerRow)
+        store_out_vec(p.out, p.out_type,
+                      (e0 + order[k] * stride) * kHd + c0 + (t % kLanesPerRow) * 4, zero);
+    }
+    if constexpr (kDecode) {
+      // The step's closing requests in request order (see above): recs / evs [0, to_pool) get
+      // those of this block. The own records in recs are read (copies) before.
       __syncthreads();
-      if (t < nrec && e0 + t * stride < p.num_records) {
-        const CompressPlan rec = reinterpret_cast<const CompressPlan*>(p.plan)[e0 + t * stride];
-        recs[t] = rec;
-        if (c128_record_pools<kMode>(p, rec))
-          order[atomicAdd(&n_pool, 1)] = int16_t(t);
-        else
-          order[nrec - 1 - atomicAdd(&n_zero, 1)] = int16_t(t);
+      int64_t closing = 0;  // closing requests before the chunk
+      for (int64_t b0 = 0, chunk = 0; b0 < p.num_records; b0 += kC128Block, ++chunk) {
+        const int64_t ev = b0 + t;
+        const Rec rec = scan_rec;
+        if (ev + kC128Block < p.num_records)  // the next chunk's, loaded ahead
+          scan_rec = reinterpret_cast<const Rec*>(p.plan)[ev + kC128Block];
+        const bool closes = ev < p.num_records && c128_record_pools<kMode>(p, rec);
+        const uint32_t mask = group_ballot(closes);
+        const int lane_g = t % kLaneGroup;
+        int(&counts)[kScanGroups] = group_closing[chunk & 1];
+        if (lane_g == 0) counts[t / kLaneGroup] = __popc(mask);
+        __syncthreads();  // (double-buffered counts: one barrier per chunk)
+        int before = __popc(mask & ((1u << lane_g) - 1u)), total = 0;
+#pragma unroll
+        for (int j = 0; j < kScanGroups; ++j) {
+          before += j < t / kLaneGroup ? counts[j] : 0;
+          total += counts[j];
+        }
+        const int64_t ci = closing + before;
+        if (closes && ci % stride == e0) {
+          recs[ci / stride] = rec;
+          evs[ci / stride] = int32_t(ev);
+        }
+        closing += total;
       }
       __syncthreads();
-      to_pool = n_pool;
-      if (p.out != nullptr) {
-        constexpr int kLanesPerRow = kC128Ch / 4;  // 4 channels per thread
-        const float zero[4] = {};
-        for (int k = nrec - n_zero + t / kLanesPerRow; k < nrec; k += kC128Block / kLanesPerRow)
-          store_out_vec(p.out, p.out_type,
-                        (e0 + order[k] * stride) * kHd + slice0 * kC128Ch + (t % kLanesPerRow) * 4,
-                        zero);
-      }
+      to_pool = closing > e0 ? int((closing - e0 + stride - 1) / stride) : 0;
     }
   }
   for (int i = 0; i < to_pool; ++i) {
-    const int k = nrec > 1 ? order[i] : 0;
-    const int64_t e = e0 + k * stride;
-    if (i > 0) __syncthreads();     // every thread has read part[] of the record before
+    const int k = nrec > 1 ? (kDecode ? i : order[i]) : 0;
+    const int64_t e = kDecode && nrec > 1 ? int64_t(evs[i]) : e0 + k * stride;
+    if (i > 0) __syncthreads();  // every thread has read part[] of the record before
     WindowDesc d{};
     OnlineSegment seg{};
+    int32_t new_row = -1;  // decode: the window row the step writes (pooled from input row e)
     if constexpr (kMode == kModePrefill) {
       d = offline_prefill_window(src[k], 128);
-    } else if constexpr (kMode == kModeDecode) {
-      // Copy first: the block's channels of input row e (kv and score halves, V channels per
-      // thread), loaded together with the plan record (the address does not depend on it), go
-      // to state row write_loc before any window row is read; a closing window reads the row
-      // back after the barrier below. A step that closes no window costs one round trip.
-      using RawIn = typename RawVec<TI, V>::type;
-      const int pairs = kC128Lanes * spb;  // V-channel groups of one half of the block's slices
-      const bool score_half = t >= pairs;
-      const bool has = t < 2 * pairs && e < p.num_in_rows;
-      const int64_t at =
-          (score_half ? kHd : 0) + slice0 * kC128Ch + (score_half ? t - pairs : t) * V;
-      const RawIn cv = load_raw_if<TI, V, false>(has, in + e * kInRow + at, RawIn{});
-      const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
-      d = offline_decode_window(rec, 128);
-      const int64_t wl = rec.write_loc;
-      if (has && wl >= 0 && wl < p.num_state_rows) {
-        float f[V];
-        unpack(cv, f);
-        store_vec(st + wl * kStRow + at, f);
+    } else if constexpr (kDecode) {
+      DecodePlan rec;
+      if (nrec > 1) {
+        rec = src[k];  // its row was copied above
+      } else {
+        // The block's channels of input row e (kv and score halves, V channels per thread)
+        // go to state row write_loc; loaded together with the plan record (the address does
+        // not depend on it): a step that closes no window costs one round trip.
+        const bool has = t < kC128CopyLanes && e < p.num_in_rows;
+        const RawIn cv = load_raw_if<TI, V, false>(has, in + e * kInRow + copy_at, RawIn{});
+        rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
+        const int64_t wl = rec.write_loc;
+        if (has && wl >= 0 && wl < p.num_state_rows) {
+          float f[V];
+          unpack(cv, f);
+          store_vec(st + wl * kStRow + copy_at, f);
+        }
       }
-      compiler_fence();  // the window loads are asm statements an ordinary store could pass
+      d = offline_decode_window(rec, 128);
+      const int64_t wl = rec.write_loc, r = wl - int64_t(rec.read_page_1) * 128;
+      if (e < p.num_in_rows && wl >= 0 && wl < p.num_state_rows && r >= 0 && r < 128)
+        new_row = int32_t(r);
     } else {
       seg = online_segment(src[k]);
       d = seg.win;
     }
-    const WindowRows w = kMode == kModeDecode
-                             ? resolve_state_rows(d, 128, p.num_state_rows)
-                             : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
+    const WindowRows w = kDecode ? resolve_state_rows(d, 128, p.num_state_rows)
+                                 : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
 
     if (!c128_pools<kMode>(w, seg)) {
-      // Nothing to pool (a decode step that closes none, an invalid record or segment of a padded
-      // plan): zeros, or nothing in the online store pass. Uniform across the block, so no
-      // thread is left waiting at a barrier below.
-      if (p.out != nullptr && t < kC128Ch * spb)
-        store_out(p.out, p.out_type, e * kHd + slice0 * kC128Ch + t, 0.0f);
+      // Nothing to pool (one record per block: a decode step that closes none, an invalid record
+      // or segment of a padded plan): zeros, or nothing in the online store pass. Uniform across
+      // the block, so no thread is left waiting at a barrier below.
+      if (p.out != nullptr && t < kC128Ch) store_out(p.out, p.out_type, e * kHd + c0 + t, 0.0f);
       continue;
     }
-    // The copied row, written by other threads of the block, is pooled from memory.
-    if constexpr (kMode == kModeDecode) __syncthreads();
-
-    for (int si = 0; si < spb; ++si) {
-      const int c0 = (slice0 + si) * kC128Ch;
-      const int c = c0 + lane * V;
-      if (si > 0) __syncthreads();  // every thread has read part[] of the slice before
-
-      // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
-      // from their base (online windows have no state rows, whose stride differs).
-      const TI* in_g = in + ((int64_t(w.in_base) + g * U) * kInRow + c);
-      const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
-      bool fs[U], fi[U];
-      const TS* sb[U];
-      int64_t off[U];
+    // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
+    // from their base (online windows have no state rows, whose stride differs). A closing
+    // cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so past the
+    // empty-window exit every decode row is present: a state row, except the one the step
+    // writes, which is read from its input row as the copy stores it (no block waits for a copy,
+    // its own or another block's).
+    const int32_t in_base = kDecode ? int32_t(e) - new_row : w.in_base;
+    const TI* in_g = in + ((int64_t(in_base) + g * U) * kInRow + c);
+    const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
+    bool fs[U], fi[U];
+    const TS* sb[U];
+    int64_t off[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      fi[u] = kDecode ? g * U + u == new_row : row_from_input(w, g * U + u);
+      fs[u] = kDecode ? !fi[u] : kMode == kModePrefill && row_from_state(w, 128, g * U + u);
+      sb[u] = st_g;
+      off[u] = u * kInRow;
+    }
+    float z[U][V], kv[U][V];
+    load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
+    if constexpr (kDecode && !std::is_same<TS, TI>::value) {
+      // The new row as the state holds it (a bf16 state rounds an fp32 input).
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        // A closing cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so
-        // past the empty-window exit every decode row is a state row: no per-row predicate.
-        fs[u] = kMode == kModeDecode ||
-                (kMode == kModePrefill && row_from_state(w, 128, g * U + u));
-        fi[u] = kMode != kModeDecode && row_from_input(w, g * U + u);
-        sb[u] = st_g;
-        off[u] = u * kInRow;
+        if (!fi[u]) continue;
+        round_vec<TS, V>(kv[u]);
+        round_vec<TS, V>(z[u]);
       }
-      float z[U][V], kv[U][V];
-      load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
-      float a[U][V];
-      load_ape_rows<U, V, kHd>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
-      add_ape(a, z);
-      if (si == 0) pdl_trigger();
+    }
+    float a[U][V];
+    load_ape_rows<U, V, kHd>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
+    add_ape(a, z);
+    pdl_trigger();
 
-      // One partial state per row group and channel; the merge below combines the row groups.
-      SoftmaxState acc[V];
-      fold_window<U, V>(acc, z, kv);
-      {
-        float m[V], sum[V], acc_a[V];
+    // One partial state per row group and channel; the merge below combines the row groups.
+    SoftmaxState acc[V];
+    fold_window<U, V>(acc, z, kv);
+    {
+      float m[V], sum[V], acc_a[V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          m[j] = acc[j].m;
-          sum[j] = acc[j].s;
-          acc_a[j] = acc[j].a;
-        }
-        store_vec(&part[0][g][lane * V], m);
-        store_vec(&part[1][g][lane * V], sum);
-        store_vec(&part[2][g][lane * V], acc_a);
+      for (int j = 0; j < V; ++j) {
+        m[j] = acc[j].m;
+        sum[j] = acc[j].s;
+        acc_a[j] = acc[j].a;
       }
-      __syncthreads();
+      store_vec(&part[0][g][lane * V], m);
+      store_vec(&part[1][g][lane * V], sum);
+      store_vec(&part[2][g][lane * V], acc_a);
+    }
+    __syncthreads();
 
-      if (t < kC128Ch) {
-        const int cc = t;
-        const int ch = c0 + cc;
-        // Merge of the partial states: the common max first, then independent rescales.
-        float M = -FLT_MAX;
+    if (t < kC128Ch) {
+      const int cc = t;
+      const int ch = c0 + cc;
+      // Merge of the partial states: the common max first, then independent rescales.
+      float M = -FLT_MAX;
 #pragma unroll
-        for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
-        float S = 0.0f, A = 0.0f;
+      for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
+      float S = 0.0f, A = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kC128RowGroups; ++k) {
-          const float f = fexp(part[0][k][cc] - M);
-          S = fmaf(part[1][k][cc], f, S);
-          A = fmaf(part[2][k][cc], f, A);
+      for (int k = 0; k < kC128RowGroups; ++k) {
+        const float f = fexp(part[0][k][cc] - M);
+        S = fmaf(part[1][k][cc], f, S);
+        A = fmaf(part[2][k][cc], f, A);
+      }
+      SoftmaxState x{M, S, A};
+      if constexpr (kMode == kModeOnline) {
+        if (seg.merge) {
+          SoftmaxState y = softmax_empty();
+          if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
+            const TS* r = st + seg.read_slot * kStRow;
+            y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
+                            load_as_f32(r, 2 * int64_t(kHd) + ch));
+          }
+          softmax_merge(y, x);
+          x = y;
         }
-        SoftmaxState x{M, S, A};
-        if constexpr (kMode == kModeOnline) {
-          if (seg.merge) {
-            SoftmaxState y = softmax_empty();
-            if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
-              const TS* r = st + seg.read_slot * kStRow;
-              y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
-                              load_as_f32(r, 2 * int64_t(kHd) + ch));
-            }
-            softmax_merge(y, x);
-            x = y;
-          }
-          if (!p.online_store) {
-            store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
-          } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
-            TS* r = st + seg.write_slot * kStRow;
-            store_from_f32(r, ch, x.m);
-            store_from_f32(r, kHd + ch, x.s);
-            store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
-          }
-        } else {
+        if (!p.online_store) {
           store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
+        } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
+          TS* r = st + seg.write_slot * kStRow;
+          store_from_f32(r, ch, x.m);
+          store_from_f32(r, kHd + ch, x.s);
+          store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
         }
+      } else {
+        store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
       }
-    }  // slices
+    }
   }  // records
 }
 

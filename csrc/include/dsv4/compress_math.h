@@ -387,8 +387,7 @@ struct Params {
   int32_t out_type;
   int32_t online_store;  // online prefill pass over plan_w: store (M, S, K), no output
   int32_t after_pool;    // row writes launched right after this call's pooling kernel (GPU)
-  int32_t slices_per_block;  // c128 decode (GPU): 64-channel slices per block, 0 / 1: one
-  int32_t records_per_block;  // c128 prefill / online (GPU): records per block, 0 / 1: one
+  int32_t records_per_block;  // c128 kernel (GPU): records per block, 0 / 1: one
 };
 
 }  // namespace compress

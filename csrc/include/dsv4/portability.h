@@ -58,6 +58,16 @@ DSV4_DEVICE T shfl_xor(T v, int mask) {
 #endif
 }
 
+// Bit i: `pred` of lane i of the calling thread's 32-lane group (every lane of the group calls).
+DSV4_DEVICE uint32_t group_ballot(bool pred) {
+#if defined(DSV4_HIP)
+  const unsigned long long b = __ballot(pred);
+  return kWarpSize == 64 ? uint32_t(b >> (threadIdx.x & 32)) : uint32_t(b);
+#else
+  return __ballot_sync(0xffffffffu, pred);
+#endif
+}
+
 template <typename T>
 DSV4_DEVICE T group_sum(T v) {
 #pragma unroll
