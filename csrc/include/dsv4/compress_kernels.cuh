@@ -732,7 +732,10 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     // cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so past the
     // empty-window exit every decode row is present: a state row, except the one the step
     // writes, which is read from its input row as the copy stores it (no block waits for a copy,
-    // its own or another block's).
+    // its own or another block's). With mixed dtypes that row is one extra load pair of the
+    // warp that holds it (g is warp-uniform), in flight with the state rows: as a second source
+    // of load_rows it would make the warp load its state rows in dependent passes.
+    constexpr bool kSameType = std::is_same<TS, TI>::value;
     const int32_t in_base = kDecode ? int32_t(e) - new_row : w.in_base;
     const TI* in_g = in + ((int64_t(in_base) + g * U) * kInRow + c);
     const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
@@ -741,20 +744,35 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     int64_t off[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      fi[u] = kDecode ? g * U + u == new_row : row_from_input(w, g * U + u);
-      fs[u] = kDecode ? !fi[u] : kMode == kModePrefill && row_from_state(w, 128, g * U + u);
+      fi[u] = kDecode ? kSameType && g * U + u == new_row : row_from_input(w, g * U + u);
+      fs[u] = kDecode ? g * U + u != new_row
+                      : kMode == kModePrefill && row_from_state(w, 128, g * U + u);
       sb[u] = st_g;
       off[u] = u * kInRow;
     }
+    const bool new_here = kDecode && !kSameType && new_row >= 0 && new_row / U == g;
+    RawIn new_kv{}, new_sc{};
+    if constexpr (kDecode && !kSameType) {
+      const TI* r = in + e * kInRow + c;
+      new_kv = load_raw_if<TI, V>(new_here, r, RawIn{});
+      new_sc = load_raw_if<TI, V>(new_here, r + kHd, RawIn{});
+    }
     float z[U][V], kv[U][V];
     load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
-    if constexpr (kDecode && !std::is_same<TS, TI>::value) {
-      // The new row as the state holds it (a bf16 state rounds an fp32 input).
+    if (new_here) {
+      float k[V], sc[V];
+      unpack(new_kv, k);
+      unpack(new_sc, sc);
+      round_vec<TS, V>(k);  // as the state holds it (a bf16 state rounds an fp32 input)
+      round_vec<TS, V>(sc);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (!fi[u]) continue;
-        round_vec<TS, V>(kv[u]);
-        round_vec<TS, V>(z[u]);
+        if (g * U + u != new_row) continue;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          kv[u][j] = k[j];
+          z[u][j] = sc[j];
+        }
       }
     }
     float a[U][V];
