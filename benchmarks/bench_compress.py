@@ -36,10 +36,10 @@ def tag_of(label: str, hd: int, ratio: int, state_dtype: torch.dtype, online: bo
     return f"{'online' if online else label}{hd}_c{ratio}_{C.dtype_name(state_dtype)}"
 
 
-def make_world(ctx: C.Context, name: str, hd: int, ratio: int, reqs, state_dtype, online=False
-               ) -> C.World:
+def make_world(ctx: C.Context, name: str, hd: int, ratio: int, reqs, state_dtype, online=False,
+               input_dtype=torch.float32) -> C.World:
     return C.World(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device, state_dtype=state_dtype,
-                   seed=C.case_seed(name), online=online)
+                   input_dtype=input_dtype, seed=C.case_seed(name), online=online)
 
 
 def decode_plan(w: C.World):
@@ -93,10 +93,10 @@ def prefill_bytes(w: C.World) -> Tuple[int, Dict[str, Any]]:
              "state_slots_read": k["state_slots_read"]})
 
 
-def decode_case(ctx, name, hd, ratio, bs, pattern, state_dtype, online=False
-                ) -> List[Dict[str, Any]]:
+def decode_case(ctx, name, hd, ratio, bs, pattern, state_dtype, online=False,
+                input_dtype=torch.float32) -> List[Dict[str, Any]]:
     seqs = C.decode_lengths(bs, pattern, ratio, C.case_seed(name))
-    w = make_world(ctx, name, hd, ratio, [(s, 1) for s in seqs], state_dtype, online)
+    w = make_world(ctx, name, hd, ratio, [(s, 1) for s in seqs], state_dtype, online, input_dtype)
     plan = decode_plan(w)
     out = torch.empty(w.bs, hd, dtype=w.input_dtype, device=w.device)
     nbytes, extra = decode_bytes(w)
@@ -138,9 +138,11 @@ def cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]
                         continue
                     if ctx.quick and pat == "rand" and bs != big_bs:
                         continue
-                    name = f"{tag}/dec_bs{bs}_{pat}"
-                    out.append((name, lambda n=name, hd=hd, r=r, bs=bs, pat=pat, sd=sd, o=online:
-                                decode_case(ctx, n, hd, r, bs, pat, sd, o)))
+                    # bf16 states: fp32 input (a mixed-dtype kernel) and bf16 input.
+                    for sfx, idt in [("", f32)] + ([("_bf16in", b16)] if sd is b16 else []):
+                        name = f"{tag}{sfx}/dec_bs{bs}_{pat}"
+                        out.append((name, lambda n=name, hd=hd, r=r, bs=bs, pat=pat, sd=sd,
+                                    o=online, i=idt: decode_case(ctx, n, hd, r, bs, pat, sd, o, i)))
             # bf16 states: the first prefill case only. Padded plans (SPEC 3.4: the invalid
             # rows' zeros count as written) with fp32 states.
             prefills = ctx.prefill_variants(padded=sd is f32)
