@@ -565,7 +565,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
 
-  // Decode: the channels of a record's input row that thread t copies (with t % 64 < 64).
+  // Decode: the V channels of a record's input row that thread t copies: of the kv half where
+  // t % 64 < 32, of the score half where t % 64 >= 32.
   const int64_t copy_at = (t % kC128CopyLanes >= kC128Lanes ? kHd : 0) + c0 + lane * V;
 
   // Records e0 + k * stride, k < nrec (c128_records_per_block). With more than one, a thread per
