@@ -19,16 +19,16 @@
 //     (hd 128: 4 events per block, hd 512: 1); a thread folds all 8 window rows of its
 //     channels.
 //   * c128_kernel<TS, TI, kMode, kHd>: c128_record_blocks(records, kHd, ...) (decode:
-//     c128_decode_blocks) blocks of kC128Block = 512 threads (channel slices minor); a block owns 64 channels of one record
-//     at a time: 32 lanes of 2 channels x 16 row groups of 8 rows. Each thread folds its 8
-//     rows in registers; the 16 partial states per channel are merged in shared memory (max
-//     first, then the sums) by one thread per channel. Modes: offline prefill, offline decode,
-//     online prefill (segments). A record whose window has no present row (a decode step that
-//     closes none, an invalid record) gives zeros. A block takes several records strided by
+//     c128_decode_blocks) blocks of kC128Block = 512 threads (channel slices minor); a block owns
+//     64 channels of one record at a time: 32 lanes of 2 channels x 16 row groups of 8 rows. Each
+//     thread folds its 8 rows in registers; the 16 partial states per channel are merged in shared
+//     memory (max first, then the sums) by one thread per channel. Modes: offline prefill, offline
+//     decode, online prefill (segments). A record whose window has no present row (a decode step
+//     that closes none, an invalid record) gives zeros. A block takes several records strided by
 //     the grid where there are many (Params::records_per_block: c128_records_per_block,
-//     c128_decode_records_per_block); a decode block first copies its channels of its records'
-//     new rows into the state, and in a large batch then pools its share of all the step's
-//     closing requests (c128_decode_groups).
+//     c128_decode_records_per_block); a decode block first copies its channels of its records' new
+//     rows into the state, and in a large batch then pools its share of all the step's closing
+//     requests (c128_decode_groups).
 //   * online_decode_kernel<TS, TI>: element-wise fold of one token into the running state.
 //   * write_rows_kernel<TS, TI, kRow>: offline prefill plan_w (copy input rows into state
 //     slots); launched after the compress kernel so that every compress read precedes every
