@@ -480,17 +480,17 @@ def test_decode_uses_state_rounded_new_row(device, cr):
     assert_rows_close(out[0], ref, F32, "decode with rounded row")
 
 
-def _check_mixed_decode_batch(device, cr, hd, batch):
+def _check_mixed_decode_batch(device, cr, hd, batch, sdt=F32, idt=F32):
     """One decode call over `batch` events that mixes, in every group of four, steps that close
     a window, steps that close none, steps whose write_loc is another row of the window (that
-    row enters as the new token's) and steps that write nothing; state rows and outputs are
-    checked against the reference."""
+    row enters as the new token's, rounded to the state dtype) and steps that write nothing;
+    state rows and outputs are checked against the reference."""
     row = row_of(cr, hd)
     g = torch.Generator().manual_seed(21)
     pages = (2 if cr == 4 else 1) * batch + 3  # every event reads and writes pages of its own
-    st = _state(device, pages, cr, hd, seed=4)
+    st = _state(device, pages, cr, hd, sdt, seed=4)
     ape = _ape(cr, hd)
-    inp = torch.randn(batch, row, generator=g)
+    inp = (torch.randn(batch, row, generator=g) * 1.001).to(idt)
     perm = torch.randperm(pages, generator=g).tolist()
     recs, closing = [], []
     for b in range(batch):
@@ -507,8 +507,9 @@ def _check_mixed_decode_batch(device, cr, hd, batch):
     exp = before.clone().view(-1, row)
     for b, (s, wl, p0, p1) in enumerate(recs):
         if wl >= 0:
-            exp[wl] = inp[b]
+            exp[wl] = inp[b].to(sdt)
     assert_bits_equal(st.view(-1, row), exp, "state")
+    exp = exp.float()
     out = out.cpu()
     for b, (s, wl, p0, p1) in enumerate(recs):
         if not closing[b]:
@@ -527,21 +528,23 @@ def test_decode_big_batch_mixed_steps(device, cr, batch):
     _check_mixed_decode_batch(device, cr, 128, batch)
 
 
+@pytest.mark.parametrize("sdt,idt", [(F32, F32), (BF16, F32), (F32, BF16)],
+                         ids=["sf32-if32", "sbf16-if32", "sf32-ibf16"])
 @pytest.mark.parametrize("hd,case", [(128, "below"), (128, "at"), (512, "below"), (512, "at"),
                                      (512, "many")])
-def test_c128_decode_request_groups(device, hd, case):
+def test_c128_decode_request_groups(device, hd, case, sdt, idt):
     """cr = 128 decode on the GPU: below 4 waves of blocks a block per request and channel
     slice; from there (c128_decode_groups) a block per slice and group of requests,
     which copies its requests' rows and pools its share of the step's closing requests, the
     new row read from the input. A batch just below and at that threshold, and one of more
     than 32 requests per block (past the rows copied with the plan records), steps of every
-    kind."""
+    kind; the mixed state / input dtypes read the new row through their own loads."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     slices, slots = hd // 64, 2 * sms
     threshold = -(-4 * slots // slices)  # first batch of the grouped blocks
     groups = max(1, slots // slices)
     batch = {"below": threshold - 1, "at": threshold, "many": 32 * groups + 1}[case]
-    _check_mixed_decode_batch(device, 128, hd, batch)
+    _check_mixed_decode_batch(device, 128, hd, batch, sdt, idt)
 
 
 @pytest.mark.parametrize("cr", [4, 128])

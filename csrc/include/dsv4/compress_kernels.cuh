@@ -319,20 +319,142 @@ DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* c
   }
 }
 
+// Mixed dtypes, rows from at most one source each: row u is a state row at sb + off[u] (fs[u])
+// or an input row at ib + off[u] (fi[u], rounded to the state type: the decode window row the
+// step writes, as the copy stores it), else absent. One asm statement per vector holds a
+// predicated load of either width into the same registers (the wider type's), so a row costs
+// the registers of one source and no branch. Used by the fp32-state / bf16-input decode
+// instance, which spilled in its loop with a separate load pair for the input row (ptxas -v).
+template <typename TS, typename TI, int V>
+struct EitherVec {
+  using RS = typename RawVec<TS, V>::type;
+  using RI = typename RawVec<TI, V>::type;
+  static constexpr int kWords = int((sizeof(RS) > sizeof(RI) ? sizeof(RS) : sizeof(RI)) / 4);
+};
+
+template <typename TS, typename TI, int V>
+DSV4_DEVICE void load_either(bool on_s, const TS* ps, bool on_i, const TI* pi,
+                             uint32_t (&w)[EitherVec<TS, TI, V>::kWords]) {
+  using E = EitherVec<TS, TI, V>;
+  static_assert(V == 2 && E::kWords == 2, "one 8-byte and one 4-byte vector");
+#if defined(DSV4_HIP)
+  if (on_s) std::memcpy(w, ps, sizeof(typename E::RS));
+  if (on_i) std::memcpy(w, pi, sizeof(typename E::RI));
+#else
+  if constexpr (sizeof(typename E::RS) > sizeof(typename E::RI)) {
+    asm volatile(
+        "{\n .reg .pred s, i;\n setp.ne.u32 s, %2, 0;\n setp.ne.u32 i, %3, 0;\n"
+        " @s ld.global.cs.v2.b32 {%0, %1}, [%4];\n @i ld.global.cs.b32 %0, [%5];\n}"
+        : "+r"(w[0]), "+r"(w[1])
+        : "r"(uint32_t(on_s)), "r"(uint32_t(on_i)), "l"(ps), "l"(pi));
+  } else {
+    asm volatile(
+        "{\n .reg .pred s, i;\n setp.ne.u32 s, %2, 0;\n setp.ne.u32 i, %3, 0;\n"
+        " @s ld.global.cs.b32 %0, [%4];\n @i ld.global.cs.v2.b32 {%0, %1}, [%5];\n}"
+        : "+r"(w[0]), "+r"(w[1])
+        : "r"(uint32_t(on_s)), "r"(uint32_t(on_i)), "l"(ps), "l"(pi));
+  }
+#endif
+}
+
+template <typename TS, typename TI, int U, int V>
+DSV4_DEVICE void load_rows_either(const bool (&fs)[U], const bool (&fi)[U], const TS* sb,
+                                  const TI* ib, const int64_t (&off)[U], int64_t sc_off,
+                                  float (&kv)[U][V], float (&z)[U][V]) {
+  using E = EitherVec<TS, TI, V>;
+  uint32_t wk[U][E::kWords] = {}, ws[U][E::kWords] = {};
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    load_either<TS, TI, V>(fs[u], sb + off[u], fi[u], ib + off[u], wk[u]);
+    load_either<TS, TI, V>(fs[u], sb + off[u] + sc_off, fi[u], ib + off[u] + sc_off, ws[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    typename E::RS sk, ss;
+    typename E::RI ik, is;
+    std::memcpy(&sk, wk[u], sizeof sk);
+    std::memcpy(&ss, ws[u], sizeof ss);
+    std::memcpy(&ik, wk[u], sizeof ik);
+    std::memcpy(&is, ws[u], sizeof is);
+    float k_s[V], z_s[V], k_i[V], z_i[V];
+    unpack(sk, k_s);
+    unpack(ss, z_s);
+    unpack(ik, k_i);
+    unpack(is, z_i);
+    round_vec<TS, V>(k_i);
+    round_vec<TS, V>(z_i);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      kv[u][j] = fi[u] ? k_i[j] : (fs[u] ? k_s[j] : 0.0f);
+      z[u][j] = fi[u] ? z_i[j] : (fs[u] ? z_s[j] : kAbsentScore);
+    }
+  }
+}
+
+// One ape row's V = 2 channels as raw words: fp32 (both words) or 16-bit (the first), read by
+// a predicated load of either width. No branch: behind a branch on the runtime type, nvcc
+// unpacked the window rows loaded before it (bf16 state) ahead of the branch, so the ape loads
+// waited for them, a second memory round trip (measured on the H200: +12 % on a 128-request
+// cr = 128 decode step that closes every window, bf16 state and fp32 input).
+template <int V>
+DSV4_DEVICE typename RawVec<float, V>::type load_ape_raw(bool f32, const void* ape, int64_t i) {
+  static_assert(V == 2, "an 8-byte or a 4-byte vector");
+  using R = typename RawVec<float, V>::type;
+  const float* p32 = static_cast<const float*>(ape) + i;
+  const uint16_t* p16 = static_cast<const uint16_t*>(ape) + i;
+  R r{};
+#if defined(DSV4_HIP)
+  if (f32) {
+    r = *reinterpret_cast<const R*>(p32);
+  } else {
+    const auto h = *reinterpret_cast<const typename RawVec<uint16_t, V>::type*>(p16);
+    std::memcpy(&r, &h, sizeof h);
+  }
+#else
+  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n @p ld.global.v2.b32 {%0, %1}, [%3];\n"
+      " @!p ld.global.b32 %0, [%4];\n}"
+      : "+r"(w[0]), "+r"(w[1])
+      : "r"(uint32_t(f32)), "l"(p32), "l"(p16));
+#endif
+  return r;
+}
+
 // U rows of V channels of a runtime-typed ape table whose rows are kHd apart, the first at
-// element i0 (one uniform branch for all rows, so that the loads go out together).
-template <int U, int V, int kHd>
+// element i0. kBranchFree (the cr = 128 decode kernel): every load goes out before any is
+// converted (load_ape_raw), at the cost of registers for both widths (elsewhere measured
+// slower: the bf16-state cr = 128 prefill took 13 % longer). Otherwise one uniform branch on
+// the type for all rows, so that the loads go out together.
+template <int U, int V, int kHd, bool kBranchFree = false>
 DSV4_DEVICE void load_ape_rows(const void* ape, int32_t type, int64_t i0, float (&a)[U][V]) {
+  using RH = typename RawVec<uint16_t, V>::type;
+  if constexpr (kBranchFree) {
+    typename RawVec<float, V>::type r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) r[u] = load_ape_raw<V>(type == kApeF32, ape, i0 + u * kHd);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      RH h;
+      std::memcpy(&h, &r[u], sizeof h);
+      if (type == kApeF32)
+        unpack(r[u], a[u]);
+      else if (type == kApeBF16)
+        unpack(h, a[u]);
+      else
+        unpack<true>(h, a[u]);
+    }
+    return;
+  }
   if (type == kApeF32) {
 #pragma unroll
     for (int u = 0; u < U; ++u) load_vec(static_cast<const float*>(ape) + i0 + u * kHd, a[u]);
     return;
   }
-  using R = typename RawVec<uint16_t, V>::type;
-  R t[U];
+  RH t[U];
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    t[u] = *reinterpret_cast<const R*>(static_cast<const uint16_t*>(ape) + i0 + u * kHd);
+    t[u] = *reinterpret_cast<const RH*>(static_cast<const uint16_t*>(ape) + i0 + u * kHd);
   if (type == kApeBF16) {
 #pragma unroll
     for (int u = 0; u < U; ++u) unpack(t[u], a[u]);
@@ -569,6 +691,167 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   // t % 64 < 32, of the score half where t % 64 >= 32.
   const int64_t copy_at = (t % kC128CopyLanes >= kC128Lanes ? kHd : 0) + c0 + lane * V;
 
+  // Decode: the rows of a request's window, and the window row the step writes (-1: none in
+  // the window, or no input row or state slot for it).
+  const auto decode_rows = [&](const DecodePlan& rec) {
+    return resolve_state_rows(offline_decode_window(rec, 128), 128, p.num_state_rows);
+  };
+  const auto decode_new_row = [&](const DecodePlan& rec, int64_t e) {
+    const int64_t wl = rec.write_loc, r = wl - int64_t(rec.read_page_1) * 128;
+    return e < p.num_in_rows && wl >= 0 && wl < p.num_state_rows && r >= 0 && r < 128
+               ? int32_t(r)
+               : int32_t(-1);
+  };
+  // Pools record e's window w (seg: an online segment) into out[e] or the online state.
+  // Decode: new_row is the window row the step writes, pooled from input row e (-1: none).
+  const auto pool = [&](int64_t e, const WindowRows& w, const OnlineSegment& seg,
+                        int32_t new_row) {
+    if (!c128_pools<kMode>(w, seg)) {
+      // Nothing to pool (one record per block: a decode step that closes none, an invalid record
+      // or segment of a padded plan): zeros, or nothing in the online store pass. Uniform across
+      // the block, so no thread is left waiting at a barrier below.
+      if (p.out != nullptr && t < kC128Ch) store_out(p.out, p.out_type, e * kHd + c0 + t, 0.0f);
+      return;
+    }
+    // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
+    // from their base (online windows have no state rows, whose stride differs). A closing
+    // cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so past the
+    // empty-window exit every decode row is present: a state row, except the one the step
+    // writes, which is read from its input row as the copy stores it (no block waits for a copy,
+    // its own or another block's). Mixed dtypes: with the wider state type (fp32 state, bf16
+    // input) through load_rows_either, else (bf16 state, fp32 input) as one extra load pair of
+    // the warp that holds it (g is warp-uniform). Each is the form that kept its instance
+    // fast: the extra pair spilled the former in the grouped loop (ptxas -v), and
+    // load_rows_either made the latter 1.4x slower on 1024 closing requests (measured on the
+    // H200, docs/performance_log.md, fourteenth session).
+    constexpr bool kSameType = std::is_same<TS, TI>::value;
+    constexpr bool kEither = kDecode && !kSameType && sizeof(TS) > sizeof(TI);
+    constexpr bool kNewPair = kDecode && !kSameType && !kEither;
+    const int32_t in_base = kDecode ? int32_t(e) - new_row : w.in_base;
+    const TI* in_g = in + ((int64_t(in_base) + g * U) * kInRow + c);
+    const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
+    bool fs[U], fi[U];
+    const TS* sb[U];
+    int64_t off[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      fi[u] = kDecode ? !kNewPair && g * U + u == new_row : row_from_input(w, g * U + u);
+      fs[u] = kDecode ? g * U + u != new_row
+                      : kMode == kModePrefill && row_from_state(w, 128, g * U + u);
+      sb[u] = st_g;
+      off[u] = u * kInRow;
+    }
+    const bool new_here = kNewPair && new_row >= 0 && new_row / U == g;
+    RawIn new_kv{}, new_sc{};
+    if constexpr (kNewPair) {
+      const TI* r = in + e * kInRow + c;
+      new_kv = load_raw_if<TI, V>(new_here, r, RawIn{});
+      new_sc = load_raw_if<TI, V>(new_here, r + kHd, RawIn{});
+    }
+    float z[U][V], kv[U][V];
+    if constexpr (kEither)
+      load_rows_either<TS, TI>(fs, fi, st_g, in_g, off, kHd, kv, z);
+    else
+      load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
+    float a[U][V];
+    load_ape_rows<U, V, kHd, kDecode>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
+    if (new_here) {  // (after the ape loads are issued: this waits for the loads)
+      float k[V], sc[V];
+      unpack(new_kv, k);
+      unpack(new_sc, sc);
+      round_vec<TS, V>(k);  // as the state holds it (a bf16 state rounds an fp32 input)
+      round_vec<TS, V>(sc);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (g * U + u != new_row) continue;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          kv[u][j] = k[j];
+          z[u][j] = sc[j];
+        }
+      }
+    }
+    add_ape(a, z);
+    pdl_trigger();
+
+    // One partial state per row group and channel; the merge below combines the row groups.
+    SoftmaxState acc[V];
+    fold_window<U, V>(acc, z, kv);
+    {
+      float m[V], sum[V], acc_a[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        m[j] = acc[j].m;
+        sum[j] = acc[j].s;
+        acc_a[j] = acc[j].a;
+      }
+      store_vec(&part[0][g][lane * V], m);
+      store_vec(&part[1][g][lane * V], sum);
+      store_vec(&part[2][g][lane * V], acc_a);
+    }
+    __syncthreads();
+
+    if (t < kC128Ch) {
+      const int cc = t;
+      const int ch = c0 + cc;
+      // Merge of the partial states: the common max first, then independent rescales.
+      float M = -FLT_MAX;
+#pragma unroll
+      for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
+      float S = 0.0f, A = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kC128RowGroups; ++k) {
+        const float f = fexp(part[0][k][cc] - M);
+        S = fmaf(part[1][k][cc], f, S);
+        A = fmaf(part[2][k][cc], f, A);
+      }
+      SoftmaxState x{M, S, A};
+      if constexpr (kMode == kModeOnline) {
+        if (seg.merge) {
+          SoftmaxState y = softmax_empty();
+          if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
+            const TS* r = st + seg.read_slot * kStRow;
+            y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
+                            load_as_f32(r, 2 * int64_t(kHd) + ch));
+          }
+          softmax_merge(y, x);
+          x = y;
+        }
+        if (!p.online_store) {
+          store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
+        } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
+          TS* r = st + seg.write_slot * kStRow;
+          store_from_f32(r, ch, x.m);
+          store_from_f32(r, kHd + ch, x.s);
+          store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
+        }
+      } else {
+        store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
+      }
+    }
+  };
+
+  if constexpr (kDecode) {
+    if (p.records_per_block <= 1) {  // (see nrec below)
+      // A block per request and slice (a small batch). The block's channels of input row e0
+      // (kv and score halves, V channels per thread) go to state row write_loc; they are loaded
+      // together with the plan record (the address does not depend on it), first thing: a step
+      // that closes no window costs this one round trip, and every instruction before it adds
+      // to that.
+      const bool has = t < kC128CopyLanes && e0 < p.num_in_rows;
+      const RawIn cv = load_raw_if<TI, V, false>(has, in + e0 * kInRow + copy_at, RawIn{});
+      const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e0];
+      const int64_t wl = rec.write_loc;
+      if (has && wl >= 0 && wl < p.num_state_rows) {
+        float f[V];
+        unpack(cv, f);
+        store_vec(st + wl * kStRow + copy_at, f);
+      }
+      pool(e0, decode_rows(rec), OnlineSegment{}, decode_new_row(rec, e0));
+      return;
+    }
+  }
+
   // Records e0 + k * stride, k < nrec (c128_records_per_block). With more than one, a thread per
   // record reads its plan record, all in one round trip, and sorts it: order[0, n_pool) are the
   // records to pool, order[nrec - n_zero, nrec) those that pool nothing. The block writes the
@@ -685,158 +968,20 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   }
   for (int i = 0; i < to_pool; ++i) {
     const int k = nrec > 1 ? (kDecode ? i : order[i]) : 0;
-    const int64_t e = kDecode && nrec > 1 ? int64_t(evs[i]) : e0 + k * stride;
     if (i > 0) __syncthreads();  // every thread has read part[] of the record before
-    WindowDesc d{};
-    OnlineSegment seg{};
-    int32_t new_row = -1;  // decode: the window row the step writes (pooled from input row e)
     if constexpr (kMode == kModePrefill) {
-      d = offline_prefill_window(src[k], 128);
+      pool(e0 + k * stride, resolve_rows(offline_prefill_window(src[k], 128), 128,
+                                         p.num_state_rows, p.num_in_rows),
+           OnlineSegment{}, -1);
     } else if constexpr (kDecode) {
-      DecodePlan rec;
-      if (nrec > 1) {
-        rec = src[k];  // its row was copied above
-      } else {
-        // The block's channels of input row e (kv and score halves, V channels per thread)
-        // go to state row write_loc; loaded together with the plan record (the address does
-        // not depend on it): a step that closes no window costs one round trip.
-        const bool has = t < kC128CopyLanes && e < p.num_in_rows;
-        const RawIn cv = load_raw_if<TI, V, false>(has, in + e * kInRow + copy_at, RawIn{});
-        rec = reinterpret_cast<const DecodePlan*>(p.plan)[e];
-        const int64_t wl = rec.write_loc;
-        if (has && wl >= 0 && wl < p.num_state_rows) {
-          float f[V];
-          unpack(cv, f);
-          store_vec(st + wl * kStRow + copy_at, f);
-        }
-      }
-      d = offline_decode_window(rec, 128);
-      const int64_t wl = rec.write_loc, r = wl - int64_t(rec.read_page_1) * 128;
-      if (e < p.num_in_rows && wl >= 0 && wl < p.num_state_rows && r >= 0 && r < 128)
-        new_row = int32_t(r);
+      const DecodePlan rec = src[k];  // its row was copied above
+      const int64_t e = evs[i];
+      pool(e, decode_rows(rec), OnlineSegment{}, decode_new_row(rec, e));
     } else {
-      seg = online_segment(src[k]);
-      d = seg.win;
+      const OnlineSegment seg = online_segment(src[k]);
+      pool(e0 + k * stride, resolve_rows(seg.win, 128, p.num_state_rows, p.num_in_rows), seg, -1);
     }
-    const WindowRows w = kDecode ? resolve_state_rows(d, 128, p.num_state_rows)
-                                 : resolve_rows(d, 128, p.num_state_rows, p.num_in_rows);
-
-    if (!c128_pools<kMode>(w, seg)) {
-      // Nothing to pool (one record per block: a decode step that closes none, an invalid record
-      // or segment of a padded plan): zeros, or nothing in the online store pass. Uniform across
-      // the block, so no thread is left waiting at a barrier below.
-      if (p.out != nullptr && t < kC128Ch) store_out(p.out, p.out_type, e * kHd + c0 + t, 0.0f);
-      continue;
-    }
-    // Row r = U*g + u: input row in_base + r, or row r of page1, both at offset u * kInRow
-    // from their base (online windows have no state rows, whose stride differs). A closing
-    // cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so past the
-    // empty-window exit every decode row is present: a state row, except the one the step
-    // writes, which is read from its input row as the copy stores it (no block waits for a copy,
-    // its own or another block's). With mixed dtypes that row is one extra load pair of the
-    // warp that holds it (g is warp-uniform), in flight with the state rows: as a second source
-    // of load_rows it would make the warp load its state rows in dependent passes.
-    constexpr bool kSameType = std::is_same<TS, TI>::value;
-    const int32_t in_base = kDecode ? int32_t(e) - new_row : w.in_base;
-    const TI* in_g = in + ((int64_t(in_base) + g * U) * kInRow + c);
-    const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
-    bool fs[U], fi[U];
-    const TS* sb[U];
-    int64_t off[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      fi[u] = kDecode ? kSameType && g * U + u == new_row : row_from_input(w, g * U + u);
-      fs[u] = kDecode ? g * U + u != new_row
-                      : kMode == kModePrefill && row_from_state(w, 128, g * U + u);
-      sb[u] = st_g;
-      off[u] = u * kInRow;
-    }
-    const bool new_here = kDecode && !kSameType && new_row >= 0 && new_row / U == g;
-    RawIn new_kv{}, new_sc{};
-    if constexpr (kDecode && !kSameType) {
-      const TI* r = in + e * kInRow + c;
-      new_kv = load_raw_if<TI, V>(new_here, r, RawIn{});
-      new_sc = load_raw_if<TI, V>(new_here, r + kHd, RawIn{});
-    }
-    float z[U][V], kv[U][V];
-    load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
-    if (new_here) {
-      float k[V], sc[V];
-      unpack(new_kv, k);
-      unpack(new_sc, sc);
-      round_vec<TS, V>(k);  // as the state holds it (a bf16 state rounds an fp32 input)
-      round_vec<TS, V>(sc);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (g * U + u != new_row) continue;
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          kv[u][j] = k[j];
-          z[u][j] = sc[j];
-        }
-      }
-    }
-    float a[U][V];
-    load_ape_rows<U, V, kHd>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
-    add_ape(a, z);
-    pdl_trigger();
-
-    // One partial state per row group and channel; the merge below combines the row groups.
-    SoftmaxState acc[V];
-    fold_window<U, V>(acc, z, kv);
-    {
-      float m[V], sum[V], acc_a[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        m[j] = acc[j].m;
-        sum[j] = acc[j].s;
-        acc_a[j] = acc[j].a;
-      }
-      store_vec(&part[0][g][lane * V], m);
-      store_vec(&part[1][g][lane * V], sum);
-      store_vec(&part[2][g][lane * V], acc_a);
-    }
-    __syncthreads();
-
-    if (t < kC128Ch) {
-      const int cc = t;
-      const int ch = c0 + cc;
-      // Merge of the partial states: the common max first, then independent rescales.
-      float M = -FLT_MAX;
-#pragma unroll
-      for (int k = 0; k < kC128RowGroups; ++k) M = fmaxf(M, part[0][k][cc]);
-      float S = 0.0f, A = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kC128RowGroups; ++k) {
-        const float f = fexp(part[0][k][cc] - M);
-        S = fmaf(part[1][k][cc], f, S);
-        A = fmaf(part[2][k][cc], f, A);
-      }
-      SoftmaxState x{M, S, A};
-      if constexpr (kMode == kModeOnline) {
-        if (seg.merge) {
-          SoftmaxState y = softmax_empty();
-          if (seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
-            const TS* r = st + seg.read_slot * kStRow;
-            y = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
-                            load_as_f32(r, 2 * int64_t(kHd) + ch));
-          }
-          softmax_merge(y, x);
-          x = y;
-        }
-        if (!p.online_store) {
-          store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
-        } else if (seg.valid && seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
-          TS* r = st + seg.write_slot * kStRow;
-          store_from_f32(r, ch, x.m);
-          store_from_f32(r, kHd + ch, x.s);
-          store_from_f32(r, 2 * int64_t(kHd) + ch, softmax_value(x));
-        }
-      } else {
-        store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
-      }
-    }
-  }  // records
+  }
 }
 
 // ---- online decode ----------------------------------------------------------------------------
