@@ -4,13 +4,17 @@ before it consumes any (see the header of csrc/include/dsv4/compress_kernels.cuh
   python scripts/check_load_batching.py CUOBJDUMP LIBRARY_OR_CUBIN
 
 Disassembles the sm_90 code of the c4 / c128 pooling kernels whose state and input share a
-dtype and checks their streaming loads (LDG.E.EF: window rows and the cr 128 decode copy row,
-the only loads issued with the evict-first hint; the cr 4 decode copy row is stored before the
-window is read and uses plain loads): no destination register is loaded twice (a
-reload means a row was consumed before the next row's load went out) and all of them lie
-within MAX_SPAN instructions (per copy of the pooling code where a kernel holds several). Under register pressure the compiler silently serialises the
-loads, which made small decode steps 2x slower once; this makes that a CI failure. Mixed-dtype
-instances load their two sources in separate passes by design and are not checked.
+dtype, and of the cr 128 decode kernels of any dtype pair, and checks their streaming loads
+(LDG.E.EF: window rows and the cr 128 decode copy row, the only loads issued with the
+evict-first hint; the cr 4 decode copy row is stored before the window is read and uses plain
+loads), per copy of the pooling code (a kernel may hold several): no destination register is
+loaded again after a use (a reload means a row was consumed before the next row's load went
+out) and all of them lie within MAX_SPAN instructions. The ape rows (plain loads) must go out
+in the same round, before the first use of a loaded value. Under register pressure the
+compiler silently serialises the loads, which made small decode steps 2x slower once, and a
+conversion placed ahead of the ape loads cost the mixed-dtype cr 128 decode 14-23 % (fourteenth
+session); this makes both a CI failure. The other mixed-dtype instances load their two sources
+in separate passes by design and are not checked.
 
 The store kernels (compress_norm_rope_store_kernel) get the same guard in another form: after
 the grid-dependency wait (ACQBULK) the kernel issues its plan record, rope pair, norm weight and
@@ -28,6 +32,7 @@ import sys
 
 MAX_SPAN = 200  # instructions between the first and the last window load (seen: 8 to 133)
 MIN_LOADS = 16  # window loads of one copy of the pooling code (8 rows x kv, score)
+APE_LOADS = 8  # ape rows a thread loads in the same round as its window rows
 
 
 def functions(cuobjdump: str, path: str):
@@ -57,29 +62,29 @@ def decoded(lines):
     return out
 
 
-def store_round(lines):
-    """Loads issued after the wait before the first wait on one of them, or an error."""
-    ins = decoded(lines)
+def round_from(ins, start, loads_may_wait=False):
+    """(address, opcode) of the loads issued from decoded instruction `start` on, following the
+    code (falling through conditional branches, taking unconditional ones), before the first
+    instruction that waits on the scoreboard of one of them; or None and an error. The scalar
+    twins of vector loads (an unaligned tensor's path, predicated on the negation of a vector
+    load's predicate) are left out. loads_may_wait: a load that waits (to write a register an
+    earlier load of the round writes) does not end the round, only a use of a loaded value."""
     at = {a: i for i, (a, _, _, _) in enumerate(ins)}
-    start = next((i for i, x in enumerate(ins) if x[1] == "ACQBULK"), None)
-    if start is None:
-        return None, "no grid-dependency wait (ACQBULK) found"
     vec = re.compile(r"LDG\.E\.(64|128)\b")
     vec_preds = {m.group(1) for _, t, _, _ in ins
                  for m in [re.match(r"@(P\d) LDG\.E\.(?:64|128)\b", t)] if m}
-    pending, issued, i, steps = {}, 0, start + 1, 0
+    pending, issued, i, steps = {}, [], start, 0
     while i < len(ins) and steps < 4000:
         steps += 1
-        _, text, wb, wait = ins[i]
-        hit = [k for k in range(6) if wait >> k & 1 and pending.get(k)]
-        if hit:
-            return issued, None
+        addr, text, wb, wait = ins[i]
         m = re.match(r"(?:@(!?)(P\d) )?(LDG\S*)", text)
+        if any(wait >> k & 1 and pending.get(k) for k in range(6)) and not (loads_may_wait and m):
+            return issued, None
         if m and wb is not None:
             scalar_twin = m.group(1) == "!" and m.group(2) in vec_preds and not vec.match(m.group(3))
             if not scalar_twin:
                 pending[wb] = True
-                issued += 1
+                issued.append((addr, m.group(3)))
         if text.startswith("BRA "):
             target = int(text.split()[1], 16)
             if target not in at:
@@ -89,7 +94,26 @@ def store_round(lines):
         if text.startswith("EXIT") or text.startswith("RET"):
             break
         i += 1
-    return None, "no wait on a load issued after the grid-dependency wait"
+    return None, "no wait on a load issued in the round"
+
+
+def store_round(lines):
+    """Loads issued after the wait before the first wait on one of them, or an error."""
+    ins = decoded(lines)
+    start = next((i for i, x in enumerate(ins) if x[1] == "ACQBULK"), None)
+    if start is None:
+        return None, "no grid-dependency wait (ACQBULK) found"
+    issued, err = round_from(ins, start + 1)
+    return (None, err) if err else (len(issued), None)
+
+
+def block_start(ins, i):
+    """Decoded index of the first instruction of the basic block holding instruction i."""
+    targets = {int(t.split()[-1], 16) for _, t, _, _ in ins
+               if re.match(r"(@!?P\d )?BRA ", t) and re.search(r"0x[0-9a-f]+$", t)}
+    while i > 0 and ins[i][0] not in targets and not re.match(r"(@!?P\d )?BRA ", ins[i - 1][1]):
+        i -= 1
+    return i
 
 
 def demangle(name: str) -> str:
@@ -117,13 +141,16 @@ def main() -> int:
             continue
         if "c4_kernel" not in name and "c128_kernel" not in name:
             continue
-        # Mangled template arguments: I <state> <input> ..., f = float, t = unsigned short.
-        m = re.search(r"c(?:4|128)_kernelI([ft])([ft])", name)
-        if not m or m.group(1) != m.group(2):
-            continue  # mixed dtypes: two passes by design
+        # Mangled template arguments: I <state> <input> <mode> ..., f = float, t = unsigned
+        # short; c128 mode 1 = decode.
+        m = re.search(r"c(4|128)_kernelI([ft])([ft])(Li1E)?", name)
+        if not m or (m.group(2) != m.group(3) and not (m.group(1) == "128" and m.group(4))):
+            continue  # mixed dtypes outside the cr 128 decode: two passes by design
         pretty = demangle(name)
-        loads = [(i, re.search(r"LDG\S*\s+(R\d+)", line).group(1))
-                 for i, line in enumerate(ins) if "LDG.E.EF" in line]
+        # (index, destination, predicate) of each streaming load
+        loads = [(i, mm.group(2), mm.group(1) or "")
+                 for i, line in enumerate(ins) if "LDG.E.EF" in line
+                 for mm in [re.search(r"(@!?P\d )?LDG\S*\s+(R\d+)", line)]]
         if not loads:
             bad.append(f"{pretty}: no streaming window loads found")
             continue
@@ -136,12 +163,41 @@ def main() -> int:
             if cur[0] - prev[0] > MAX_SPAN:
                 groups.append([])
             groups[-1].append(cur)
+        code = decoded(lines)
+        index_of = {a: i for i, (a, _, _, _) in enumerate(code)}
+        addr_of = [int(re.match(r"\s+/\*([0-9a-f]{4})\*/", line).group(1), 16) for line in ins]
         for group in groups:
-            dsts = [d for _, d in group]
+            # A register loaded again after an instruction used it is a reload. Two predicated
+            # loads into one register with no use between are the two sources of one row
+            # (load_rows_either), not a reload.
+            reloads, last = 0, {}
+            for i, d, pred in group:
+                if d in last:
+                    j, jpred = last[d]
+                    used = any(re.search(rf"\b{d}\b", ins[k].split(";")[0].split(None, 2)[-1])
+                               for k in range(j + 1, i))
+                    reloads += used or not (pred and jpred)
+                last[d] = (i, pred)
             span = group[-1][0] - group[0][0]
-            if len(set(dsts)) != len(dsts) or span > MAX_SPAN or len(group) < MIN_LOADS:
+            if reloads or span > MAX_SPAN or len(group) < MIN_LOADS:
                 bad.append(f"{pretty}: {len(group)} window loads over {span} instructions, "
-                           f"{len(dsts) - len(set(dsts))} reloaded registers")
+                           f"{reloads} reloaded registers")
+                continue
+            # The ape rows (plain loads) go out in the same round, from the start of the basic
+            # block of the first window load to the first use of a loaded value: a use of a
+            # window row ahead of them costs one more round trip (fourteenth session: nvcc
+            # unpacked bf16 state rows ahead of the branch on the ape's type). The second
+            # source of a load_rows_either row waits for the first (one register), which is
+            # not a use; it delays the ape loads of the fp32-state / bf16-input decode instance
+            # until its state rows arrive (measured: within 1-4 % of fp32 / fp32).
+            first = index_of[addr_of[group[0][0]]]
+            issued, err = round_from(code, block_start(code, first), loads_may_wait=True)
+            window = {addr_of[i] for i, _, _ in group}
+            ape = [a for a, op in issued or [] if not op.startswith("LDG.E.EF")]
+            if err or not window <= {a for a, _ in issued} or len(ape) < APE_LOADS:
+                got = err or f"{len(ape)} ape loads, {len(window & {a for a, _ in issued})} window loads"
+                bad.append(f"{pretty}: {got} issued before the first use of one "
+                           f"(need {APE_LOADS} and {len(window)})")
     if checked == 0:
         bad.append("no pooling kernel found in the machine code")
     if stores == 0:
@@ -149,7 +205,8 @@ def main() -> int:
     for line in bad:
         print("check_load_batching: SERIALISED " + line)
     if not bad:
-        print(f"check_load_batching: {checked} pooling kernels issue their window loads together,"
+        print(f"check_load_batching: {checked} pooling kernels issue their window and ape loads"
+              " together,"
               f" {stores} store kernels their inputs' loads")
     return 1 if bad else 0
 
