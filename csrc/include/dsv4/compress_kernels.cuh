@@ -644,11 +644,13 @@ DSV4_DEVICE bool c128_record_pools(const Params& p, const CompressPlan& rec) {
                              OnlineSegment{});
   }
 }
+// The rows of a cr = 128 decode request's window (state rows only).
+DSV4_DEVICE WindowRows c128_decode_rows(const Params& p, const DecodePlan& rec) {
+  return resolve_state_rows(offline_decode_window(rec, 128), 128, p.num_state_rows);
+}
 template <int kMode>
 DSV4_DEVICE bool c128_record_pools(const Params& p, const DecodePlan& rec) {
-  return c128_pools<kMode>(
-      resolve_state_rows(offline_decode_window(rec, 128), 128, p.num_state_rows),
-      OnlineSegment{});
+  return c128_pools<kMode>(c128_decode_rows(p, rec), OnlineSegment{});
 }
 
 // Decode: threads per record that copy the block's 64 channels of its input row (V channels
@@ -691,11 +693,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   // t % 64 < 32, of the score half where t % 64 >= 32.
   const int64_t copy_at = (t % kC128CopyLanes >= kC128Lanes ? kHd : 0) + c0 + lane * V;
 
-  // Decode: the rows of a request's window, and the window row the step writes (-1: none in
-  // the window, or no input row or state slot for it).
-  const auto decode_rows = [&](const DecodePlan& rec) {
-    return resolve_state_rows(offline_decode_window(rec, 128), 128, p.num_state_rows);
-  };
+  // Decode: the window row the step writes (-1: none in the window, or no input row or state
+  // slot for it).
   const auto decode_new_row = [&](const DecodePlan& rec, int64_t e) {
     const int64_t wl = rec.write_loc, r = wl - int64_t(rec.read_page_1) * 128;
     return e < p.num_in_rows && wl >= 0 && wl < p.num_state_rows && r >= 0 && r < 128
@@ -847,7 +846,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
         unpack(cv, f);
         store_vec(st + wl * kStRow + copy_at, f);
       }
-      pool(e0, decode_rows(rec), OnlineSegment{}, decode_new_row(rec, e0));
+      pool(e0, c128_decode_rows(p, rec), OnlineSegment{}, decode_new_row(rec, e0));
       return;
     }
   }
@@ -976,7 +975,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     } else if constexpr (kDecode) {
       const DecodePlan rec = src[k];  // its row was copied above
       const int64_t e = evs[i];
-      pool(e, decode_rows(rec), OnlineSegment{}, decode_new_row(rec, e));
+      pool(e, c128_decode_rows(p, rec), OnlineSegment{}, decode_new_row(rec, e));
     } else {
       const OnlineSegment seg = online_segment(src[k]);
       pool(e0 + k * stride, resolve_rows(seg.win, 128, p.num_state_rows, p.num_in_rows), seg, -1);
