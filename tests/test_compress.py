@@ -547,6 +547,15 @@ def test_c128_decode_request_groups(device, hd, case, sdt, idt):
     _check_mixed_decode_batch(device, 128, hd, batch, sdt, idt)
 
 
+def test_c128_decode_copy_rounds(device):
+    """A grouped cr = 128 decode block copies the rows of its first 32 requests with their plan
+    records and the rest in rounds of 4 rows per thread (32 requests per round): a batch of 97
+    requests per block, two full rounds after the first and one partial."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    groups = max(1, 2 * sms // 8)
+    _check_mixed_decode_batch(device, 128, 512, 96 * groups + 5)
+
+
 @pytest.mark.parametrize("cr", [4, 128])
 def test_negative_and_out_of_range_are_skipped(device, cr):
     hd = 128

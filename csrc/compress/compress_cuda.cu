@@ -52,8 +52,9 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
              p);
   } else if (cs.decode) {
     Params pd = p;
-    pd.records_per_block = c128_decode_records_per_block(p.num_records, kHd, env.sms);
-    launch(c128_kernel<TS, TI, kModeDecode, kHd>, c128_decode_blocks(p.num_records, kHd, env.sms),
+    const int64_t groups = c128_decode_groups(p.num_records, kHd, env.sms);
+    pd.records_per_block = c128_decode_records_per_block(p.num_records, groups);
+    launch(c128_kernel<TS, TI, kModeDecode, kHd>, c128_decode_blocks(p.num_records, kHd, groups),
            kC128Block, pd);
   } else {
     launch_c128_records(c128_kernel<TS, TI, kModePrefill, kHd>, p);

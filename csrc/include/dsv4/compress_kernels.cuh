@@ -113,18 +113,18 @@ inline int64_t c128_record_blocks(int64_t records, int hd, int records_per_block
 // on the H200: docs/performance_log.md (thirteenth session).
 inline int64_t c128_decode_groups(int64_t events, int hd, int64_t sms) {
   const int64_t slices = hd / kC128Ch, slots = DSV4_C128_MIN_BLOCKS * (sms > 0 ? sms : 1);
-  if (events * slices < 4 * slots) return 0;  // 0: a block per request and slice
+  if (events * slices < 4 * slots || events >= (int64_t(1) << 31))
+    return 0;  // 0: a block per request and slice
   const int64_t groups = slots / slices > 0 ? slots / slices : 1,
                 floor_groups = (events + kC128MaxRecords - 1) / kC128MaxRecords;
   const int64_t n = groups > floor_groups ? groups : floor_groups;
   return n < events ? n : 0;  // (several requests per grouped block)
 }
-inline int c128_decode_records_per_block(int64_t events, int hd, int64_t sms) {
-  const int64_t groups = c128_decode_groups(events, hd, sms);
+// Records per block and grid of a decode launch with `groups` = c128_decode_groups(...).
+inline int c128_decode_records_per_block(int64_t events, int64_t groups) {
   return groups > 0 ? int((events + groups - 1) / groups) : 1;
 }
-inline int64_t c128_decode_blocks(int64_t events, int hd, int64_t sms) {
-  const int64_t groups = c128_decode_groups(events, hd, sms);
+inline int64_t c128_decode_blocks(int64_t events, int hd, int64_t groups) {
   return (groups > 0 ? groups : events) * (hd / kC128Ch);
 }
 
@@ -916,13 +916,19 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
         unpack(v, f);
         store_vec(st + wl * kStRow + copy_at, f);
       };
+      constexpr int kStep = kC128Block / kC128CopyLanes;
 #pragma unroll
-      for (int j = 0; j < kAhead; ++j)
-        copy_to(t / kC128CopyLanes + j * (kC128Block / kC128CopyLanes), cv[j]);
-      for (int k = kC128CopyAhead + t / kC128CopyLanes; k < nrec;
-           k += kC128Block / kC128CopyLanes) {
-        const TI* r = copy_row(k);
-        copy_to(k, load_raw_if<TI, V, false>(r != nullptr, r, RawIn{}));
+      for (int j = 0; j < kAhead; ++j) copy_to(t / kC128CopyLanes + j * kStep, cv[j]);
+      // Further rounds of kAhead rows (a large batch): all loads of a round, then its stores
+      // (a store between two loads would keep the next load waiting for the one before).
+      for (int k0 = kC128CopyAhead + t / kC128CopyLanes; k0 < nrec; k0 += kAhead * kStep) {
+#pragma unroll
+        for (int j = 0; j < kAhead; ++j) {
+          const TI* r = copy_row(k0 + j * kStep);
+          cv[j] = load_raw_if<TI, V, false>(r != nullptr, r, RawIn{});
+        }
+#pragma unroll
+        for (int j = 0; j < kAhead; ++j) copy_to(k0 + j * kStep, cv[j]);
       }
     }
     if (p.out != nullptr) {
@@ -936,6 +942,9 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
       // The step's closing requests in request order (see above): recs / evs [0, to_pool) get
       // those of this block. The own records in recs are read (copies) before.
       __syncthreads();
+      // 32-bit ranks and divisions (a 64-bit one is a slow library call, per thread and chunk):
+      // a grouped decode has fewer than 2^31 records (c128_decode_groups).
+      const uint32_t ustride = uint32_t(stride);
       int64_t closing = 0;  // closing requests before the chunk
       for (int64_t b0 = 0, chunk = 0; b0 < p.num_records; b0 += kC128Block, ++chunk) {
         const int64_t ev = b0 + t;
@@ -954,15 +963,17 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
           before += j < t / kLaneGroup ? counts[j] : 0;
           total += counts[j];
         }
-        const int64_t ci = closing + before;
-        if (closes && ci % stride == e0) {
-          recs[ci / stride] = rec;
-          evs[ci / stride] = int32_t(ev);
+        if (closes) {  // rank ci: pooled by the block with ci % stride == e0, as its pool q
+          const uint32_t ci = uint32_t(closing + before), q = ci / ustride;
+          if (ci - q * ustride == uint32_t(e0)) {
+            recs[q] = rec;
+            evs[q] = int32_t(ev);
+          }
         }
         closing += total;
       }
       __syncthreads();
-      to_pool = closing > e0 ? int((closing - e0 + stride - 1) / stride) : 0;
+      to_pool = closing > e0 ? int(uint32_t(closing - e0 + stride - 1) / ustride) : 0;
     }
   }
   for (int i = 0; i < to_pool; ++i) {
