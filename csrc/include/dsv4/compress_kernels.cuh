@@ -110,7 +110,10 @@ inline int64_t c128_record_blocks(int64_t records, int hd, int records_per_block
 // on each. Exactly slots / slices groups: fewer would leave multiprocessor slots idle in a step
 // where every request closes. Below four waves the groups would hold 3 or fewer requests, and a
 // step that closes many windows then pays for the rounding of its pools to whole rounds. Measured
-// on the H200: docs/performance_log.md (thirteenth session).
+// on the H200: docs/performance_log.md (thirteenth session). In a step where every request
+// closes, the fixed shares leave the blocks on slower multiprocessors last (ends spread over
+// 118-140 us at 1024 requests). Claiming the last rounds' pools by compare-and-swap, so that
+// finished blocks take over, measured slower (fifteenth session).
 inline int64_t c128_decode_groups(int64_t events, int hd, int64_t sms) {
   const int64_t slices = hd / kC128Ch, slots = DSV4_C128_MIN_BLOCKS * (sms > 0 ? sms : 1);
   if (events * slices < 4 * slots || events >= (int64_t(1) << 31))
