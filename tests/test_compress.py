@@ -528,6 +528,14 @@ def test_decode_big_batch_mixed_steps(device, cr, batch):
     _check_mixed_decode_batch(device, cr, 128, batch)
 
 
+def _c128_decode_layout(device, hd):
+    """(first batch of the grouped cr = 128 decode blocks, request groups) on `device`, as
+    c128_decode_groups computes them: two 512-thread blocks per multiprocessor, hd / 64 slices."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    slices, slots = hd // 64, 2 * sms
+    return -(-4 * slots // slices), max(1, slots // slices)
+
+
 @pytest.mark.parametrize("sdt,idt", [(F32, F32), (BF16, F32), (F32, BF16)],
                          ids=["sf32-if32", "sbf16-if32", "sf32-ibf16"])
 @pytest.mark.parametrize("hd,case", [(128, "below"), (128, "at"), (512, "below"), (512, "at"),
@@ -539,10 +547,7 @@ def test_c128_decode_request_groups(device, hd, case, sdt, idt):
     new row read from the input. A batch just below and at that threshold, and one of more
     than 32 requests per block (past the rows copied with the plan records), steps of every
     kind; the mixed state / input dtypes read the new row through their own loads."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    slices, slots = hd // 64, 2 * sms
-    threshold = -(-4 * slots // slices)  # first batch of the grouped blocks
-    groups = max(1, slots // slices)
+    threshold, groups = _c128_decode_layout(device, hd)
     batch = {"below": threshold - 1, "at": threshold, "many": 32 * groups + 1}[case]
     _check_mixed_decode_batch(device, 128, hd, batch, sdt, idt)
 
@@ -551,8 +556,7 @@ def test_c128_decode_copy_rounds(device):
     """A grouped cr = 128 decode block copies the rows of its first 32 requests with their plan
     records and the rest in rounds of 4 rows per thread (32 requests per round): a batch of 97
     requests per block, two full rounds after the first and one partial."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    groups = max(1, 2 * sms // 8)
+    _, groups = _c128_decode_layout(device, 512)
     _check_mixed_decode_batch(device, 128, 512, 96 * groups + 5)
 
 

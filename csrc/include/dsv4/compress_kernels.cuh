@@ -887,13 +887,14 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
       return k < nrec && e < p.num_records && e < p.num_in_rows ? in + e * kInRow + copy_at
                                                                 : nullptr;
     };
-    constexpr int kAhead = kDecode ? kC128CopyAhead / (kC128Block / kC128CopyLanes) : 1;
+    constexpr int kStep = kC128Block / kC128CopyLanes;  // records whose rows a round copies
+    constexpr int kAhead = kDecode ? kC128CopyAhead / kStep : 1;
     RawIn cv[kAhead];
     Rec scan_rec{};  // decode: the plan record thread t reads in the scan below, loaded ahead
     if constexpr (kDecode) {
 #pragma unroll
       for (int j = 0; j < kAhead; ++j) {
-        const TI* r = copy_row(t / kC128CopyLanes + j * (kC128Block / kC128CopyLanes));
+        const TI* r = copy_row(t / kC128CopyLanes + j * kStep);
         cv[j] = load_raw_if<TI, V, false>(r != nullptr, r, RawIn{});
       }
       if (t < p.num_records) scan_rec = reinterpret_cast<const Rec*>(p.plan)[t];
@@ -919,7 +920,6 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
         unpack(v, f);
         store_vec(st + wl * kStRow + copy_at, f);
       };
-      constexpr int kStep = kC128Block / kC128CopyLanes;
 #pragma unroll
       for (int j = 0; j < kAhead; ++j) copy_to(t / kC128CopyLanes + j * kStep, cv[j]);
       // Further rounds of kAhead rows (a large batch): all loads of a round, then its stores
