@@ -26,6 +26,21 @@ void check_on_gpu(const char* op, const at::Tensor& req_pool_indices) {
 
 int64_t blocks_for(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
+// The decode planner instance of an addressing mode (a compile-time parameter of the kernel).
+using DecodeKernel = void (*)(PlanParams, const int64_t*, const int64_t*, int32_t, DecodePlan*);
+DecodeKernel decode_kernel_for(Addressing a) {
+  switch (a) {
+    case Addressing::kSwaPaged:
+      return plan_decode_kernel<kPlanBlock, Addressing::kSwaPaged>;
+    case Addressing::kReqRing:
+      return plan_decode_kernel<kPlanBlock, Addressing::kReqRing>;
+    case Addressing::kLegacy:
+      return plan_decode_kernel<kPlanBlock, Addressing::kLegacy>;
+    default:
+      return plan_decode_kernel<kPlanBlock, Addressing::kOnline>;
+  }
+}
+
 at::Tensor decode_cuda(const char* op, const PlanParams& p, const at::Tensor& req_pool_indices,
                        const at::Tensor& seq_lens) {
   check_on_gpu(op, req_pool_indices);
@@ -37,9 +52,9 @@ at::Tensor decode_cuda(const char* op, const PlanParams& p, const at::Tensor& re
   DSV4_CHECK(B <= kMaxInt32, op, "req_pool_indices", "batch size must be < 2^31, got ", B);
   at::Tensor plan = at::empty({B, int64_t(sizeof(DecodePlan))}, rpi.options().dtype(at::kByte));
   const LaunchEnv env = launch_env(rpi);
-  launch_kernel(plan_decode_kernel<kPlanBlock>, dim3(unsigned(blocks_for(B, kPlanBlock))),
-                dim3(kPlanBlock), 0, env.stream, env.pdl, p,
-                rpi.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), int32_t(B),
+  launch_kernel(decode_kernel_for(p.addressing), dim3(unsigned(blocks_for(B, kPlanBlock))),
+                dim3(kPlanBlock), 0, env.stream, env.pdl, p, rpi.data_ptr<int64_t>(),
+                sl.data_ptr<int64_t>(), int32_t(B),
                 reinterpret_cast<DecodePlan*>(plan.data_ptr<uint8_t>()));
   DSV4_CHECK_LAUNCH();
   return plan;

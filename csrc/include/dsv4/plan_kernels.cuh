@@ -1,7 +1,7 @@
 // GPU planner kernels (CUDA and HIP from the same source). The per-item math is plan_math.h,
 // shared with the CPU planner; these kernels only map threads onto it.
 //
-//   plan_decode_kernel<kBlock>        one thread per batch entry -> DecodePlan
+//   plan_decode_kernel<kBlock, kAddr> one thread per batch entry -> DecodePlan
 //   plan_prefill_scan_kernel<kMax>    one block: per-request offsets + counts from device
 //                                     lengths (no host sync; CUDA-graph capturable)
 //   plan_prefill_emit_kernel<kBlock>  one thread per plan row: records of ragged token t and
@@ -20,7 +20,9 @@ namespace dsv4 {
 constexpr int kPlanBlock = 256;       // decode / emit kernels (a multiple of 64)
 constexpr int kPlanScanBlock = 1024;  // the scan kernel's largest block (a multiple of 64)
 
-template <int kBlock>
+// kAddr: p.addressing as a compile-time constant, so that a thread runs only its addressing's
+// code and reads only its parameters (a generic kernel branched on the mode and on p.online).
+template <int kBlock, Addressing kAddr>
 __global__ void __launch_bounds__(kBlock)
     plan_decode_kernel(PlanParams p, const int64_t* __restrict__ req_pool_indices,
                        const int64_t* __restrict__ seq_lens, int32_t batch,
@@ -31,6 +33,8 @@ __global__ void __launch_bounds__(kBlock)
   if (b >= batch) return;
   // Both reads go out together (load_now: not sunk below decode_record's seq_len check).
   const int64_t rid = load_now(req_pool_indices + b), seq_len = load_now(seq_lens + b);
+  p.addressing = kAddr;
+  p.online = kAddr == Addressing::kOnline;
   out[b] = decode_record(p, rid, seq_len);
 }
 
@@ -181,9 +185,14 @@ __global__ void __launch_bounds__(kBlock)
 
 // The kernel instantiations the glue launches (a HIP compile check can expand this macro at
 // namespace scope of a translation unit that includes this header).
+#define DSV4_PLAN_DECODE_INSTANCE(ADDR)                                                        \
+  template __global__ void dsv4::plan_decode_kernel<dsv4::kPlanBlock, dsv4::Addressing::ADDR>( \
+      dsv4::PlanParams, const int64_t*, const int64_t*, int32_t, dsv4::DecodePlan*);
 #define DSV4_PLAN_INSTANTIATE_KERNELS()                                                        \
-  template __global__ void dsv4::plan_decode_kernel<dsv4::kPlanBlock>(                         \
-      dsv4::PlanParams, const int64_t*, const int64_t*, int32_t, dsv4::DecodePlan*);           \
+  DSV4_PLAN_DECODE_INSTANCE(kSwaPaged)                                                         \
+  DSV4_PLAN_DECODE_INSTANCE(kReqRing)                                                          \
+  DSV4_PLAN_DECODE_INSTANCE(kLegacy)                                                           \
+  DSV4_PLAN_DECODE_INSTANCE(kOnline)                                                           \
   template __global__ void dsv4::plan_prefill_scan_kernel<dsv4::kPlanScanBlock>(               \
       dsv4::PlanParams, const int64_t*, const int64_t*, int32_t, int64_t, dsv4::ReqOffsets*,   \
       int32_t*);                                                                               \

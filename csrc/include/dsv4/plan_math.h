@@ -22,17 +22,41 @@ namespace dsv4 {
 
 constexpr int64_t kMaxInt32 = 2147483647;
 
+// A runtime divisor d >= 1 with the constants of an exact division by multiply and shift:
+// for 0 <= a < 2^31 and d < 2^31, a / d = (a * m) >> k with s = ceil(log2 d), k = 31 + s,
+// m = ceil(2^k / d) < 2^32 (the error m * d - 2^k < d <= 2^s = 2^(k - 31) keeps every
+// quotient exact). The ring and SWA page sizes divide positions and slots in every planner
+// record; a GPU division by a runtime value is a long dependent chain (reciprocal, multiplies,
+// two corrections), this is one wide multiply. m == 0: no such form (d >= 2^31).
+struct Divisor {
+  int64_t d;
+  uint32_t m;
+  int32_t k;
+};
+
+inline Divisor make_divisor(int64_t d) {
+  Divisor v{d, 0u, 0};
+  if (d < 1 || d > kMaxInt32 - 1) return v;
+  int s = 0;
+  while ((int64_t(1) << s) < d) ++s;
+  v.k = 31 + s;
+  v.m = uint32_t(((uint64_t(1) << v.k) + uint64_t(d) - 1) / uint64_t(d));
+  return v;
+}
+
 // Everything a planner needs besides the per-request lengths: slot addressing (SPEC 2.1) and
 // the prefill write rule (SPEC 3.3). Plain data, passed by value to the GPU kernels.
 struct PlanParams {
   Addressing addressing;
   int32_t cr;   // compress ratio, 4 or 128
-  int32_t cr_shift;  // log2(cr): slot s lies on state page s >> cr_shift. A division by the
-                     // runtime cr sat on the GPU decode planner's critical path (with cr a
-                     // compile-time constant it took 1.12 instead of 1.36 us, graph replay).
+  int32_t cr_shift;  // log2(cr): slot s lies on state page s >> cr_shift, and positions
+                     // count windows the same way. A division by the runtime cr sat on the
+                     // GPU decode planner's critical path (with cr a compile-time constant it
+                     // took 1.12 instead of 1.36 us, graph replay).
   int32_t win;  // window rows: 8 (cr = 4) or 128
   int64_t ring;               // kSwaPaged / kReqRing: ring_size; kLegacy: win
   int64_t sps;                // kSwaPaged: swa_page_size (> 0)
+  Divisor ring_div, sps_div;  // the same as divisors (set_divisors)
   int64_t state_slot_offset;  // kOnline
   // req_to_token [rt_rows, max_ctx] int32, row stride rt_stride, unit column stride.
   const int32_t* req_to_token;
@@ -48,6 +72,11 @@ struct PlanParams {
   bool real_pages;  // legacy: pages are real even when buffer_len == 0
   bool online;      // online cr = 128 segments (SPEC 3.5)
 };
+
+inline void set_divisors(PlanParams& p) {
+  p.ring_div = make_divisor(p.ring);
+  p.sps_div = make_divisor(p.sps);
+}
 
 inline PlanParams plan_params_base(Addressing a, int32_t cr) {
   PlanParams p{};
@@ -66,6 +95,7 @@ inline PlanParams plan_params_base(Addressing a, int32_t cr) {
   p.band = false;
   p.real_pages = false;
   p.online = false;
+  set_divisors(p);
   return p;
 }
 
@@ -86,6 +116,7 @@ inline PlanParams paged_plan_params(int32_t cr, bool req_ring, int64_t sps, int6
   p.f2s_size = full_to_state != nullptr ? f2s_size : 0;
   p.pad = ring > p.win ? ring - p.win + 2 : 0;
   p.band = !req_ring && cr == 4;
+  set_divisors(p);
   return p;
 }
 
@@ -118,6 +149,13 @@ DSV4_HD int64_t mod_nn(int64_t a, int64_t b) {
   return ((uint64_t(a) | uint64_t(b)) >> 32) == 0 ? int64_t(uint32_t(a) % uint32_t(b)) : a % b;
 }
 
+// a / v.d and a % v.d for a >= 0.
+DSV4_HD int64_t div_by(int64_t a, const Divisor& v) {
+  return (v.m != 0 && uint64_t(a) <= uint64_t(kMaxInt32)) ? int64_t((uint64_t(a) * v.m) >> v.k)
+                                                          : div_nn(a, v.d);
+}
+DSV4_HD int64_t mod_by(int64_t a, const Divisor& v) { return a - div_by(a, v) * v.d; }
+
 DSV4_HD int32_t slot32(int64_t s) { return (s < 0 || s > kMaxInt32) ? -1 : int32_t(s); }
 
 // SWA-paged lookups in three steps: the req_to_token entry of (rid, pos) (an index into
@@ -136,7 +174,7 @@ DSV4_HD int64_t swa_entry(const PlanParams& p, int64_t full) {
   return (full < 0 || swa < 0) ? -1 : swa;
 }
 DSV4_HD int32_t swa_slot(const PlanParams& p, int64_t swa) {
-  return swa < 0 ? -1 : slot32(div_nn(swa, p.sps) * p.ring + mod_nn(swa, p.ring));
+  return swa < 0 ? -1 : slot32(div_by(swa, p.sps_div) * p.ring + mod_by(swa, p.ring_div));
 }
 // Whether req_to_token and full_to_state both have an entry (else every lookup fails).
 DSV4_HD bool swa_tables(const PlanParams& p) {
@@ -154,7 +192,7 @@ DSV4_HD int32_t slot_of(const PlanParams& p, int64_t rid, int64_t pos) {
       return swa_tables(p) ? swa_slot(p, swa_entry(p, full_index(p, rid, pos))) : -1;
     default:  // kReqRing, kLegacy (ring = window)
       if (pos < 0) return -1;
-      return slot32(rid * p.ring + mod_nn(pos, p.ring));
+      return slot32(rid * p.ring + mod_by(pos, p.ring_div));
   }
 }
 
@@ -202,23 +240,23 @@ DSV4_HD void sanitize_lengths(int64_t& sl, int64_t& el) {
 
 // Compress events (online: chunk-closing segments) at positions in [prefix, pos), pos >= prefix.
 DSV4_HD int64_t compresses_before(const PlanParams& p, int64_t prefix, int64_t pos) {
-  return div_nn(pos, p.cr) - div_nn(prefix, p.cr);
+  return (pos >> p.cr_shift) - (prefix >> p.cr_shift);
 }
 
 // first_w of SPEC 3.3 (may be negative).
 DSV4_HD int64_t first_write(const PlanParams& p, int64_t sl) {
-  const int64_t last_c = div_nn(sl, p.cr) * p.cr;
+  const int64_t last_c = (sl >> p.cr_shift) << p.cr_shift;
   return min64(last_c - (p.cr == 4 ? 4 : 0), sl - p.pad);
 }
 
 // Positions q in [0, n) with q % sps >= sps - 4 (sps >= 4 whenever the band rule applies).
 DSV4_HD int64_t band_upto(const PlanParams& p, int64_t n) {
   if (n <= 0) return 0;
-  return div_nn(n, p.sps) * 4 + max64(0, mod_nn(n, p.sps) - (p.sps - 4));
+  return div_by(n, p.sps_div) * 4 + max64(0, mod_by(n, p.sps_div) - (p.sps - 4));
 }
 
 DSV4_HD bool emits_write(const PlanParams& p, int64_t first_w, int64_t pos) {
-  return pos >= first_w || (p.band && mod_nn(pos, p.sps) >= p.sps - 4);
+  return pos >= first_w || (p.band && mod_by(pos, p.sps_div) >= p.sps - 4);
 }
 
 // Offline write events at positions in [prefix, pos), prefix <= pos <= sl.
@@ -342,7 +380,7 @@ DSV4_HD void plan_prefill_row(const PlanParams& p, const int64_t* req_pool_indic
     const int64_t j = t - r.tok;
     const int64_t pos = prefix + j;
     const int64_t rid = req_pool_indices[i];
-    if (mod_nn(pos + 1, p.cr) == 0) {
+    if (((pos + 1) & (p.cr - 1)) == 0) {
       const int64_t k = r.c + compresses_before(p, prefix, pos);
       if (k >= 0 && k < total.c) {
         pc[k] = p.online ? online_segment_record(p, rid, max64(prefix, pos + 1 - 128), pos + 1, t)
