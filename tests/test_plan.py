@@ -131,16 +131,17 @@ NUM_ROWS = 12
 MAX_CTX = 1024
 
 
-def make_tables(gen: torch.Generator, sps: int, neg_frac: float = 0.0, row_pad: int = 16):
-    """req_to_token [NUM_ROWS, MAX_CTX] int32 (row stride MAX_CTX + row_pad) of shuffled full
-    pages of sps tokens; full_to_state maps each full page onto a shuffled SWA page
-    (page-aligned, so pos % sps == swa % sps), a fraction of entries evicted (-1)."""
-    ppr = MAX_CTX // sps
+def make_tables(gen: torch.Generator, sps: int, neg_frac: float = 0.0, row_pad: int = 16,
+                ctx: int = MAX_CTX):
+    """req_to_token [NUM_ROWS, ctx] int32 (row stride ctx + row_pad; ctx a multiple of sps) of
+    shuffled full pages of sps tokens; full_to_state maps each full page onto a shuffled SWA
+    page (page-aligned, so pos % sps == swa % sps), a fraction of entries evicted (-1)."""
+    ppr = ctx // sps
     full_pages = torch.randperm(NUM_ROWS * ppr, generator=gen)
-    r2t = (full_pages.view(NUM_ROWS, ppr, 1) * sps + torch.arange(sps)).view(NUM_ROWS, MAX_CTX)
-    wide = torch.full((NUM_ROWS, MAX_CTX + row_pad), -7, dtype=torch.int32)
-    wide[:, :MAX_CTX] = r2t.to(torch.int32)
-    r2t = wide[:, :MAX_CTX]
+    r2t = (full_pages.view(NUM_ROWS, ppr, 1) * sps + torch.arange(sps)).view(NUM_ROWS, ctx)
+    wide = torch.full((NUM_ROWS, ctx + row_pad), -7, dtype=torch.int32)
+    wide[:, :ctx] = r2t.to(torch.int32)
+    r2t = wide[:, :ctx]
     swa_pages = torch.randperm(NUM_ROWS * ppr + 5, generator=gen)[: NUM_ROWS * ppr]
     f2s = (swa_pages.view(-1, 1) * sps + torch.arange(sps)).view(-1).to(torch.int64)
     if neg_frac > 0:
@@ -362,6 +363,70 @@ def test_prefill_negative_full_to_state(device):
     assert comp[15][2] == -1 and comp[15][3] != -1     # rp0 = page of pos 11 (evicted)
     wr = {r[0] + 10: r[1] for r in words(pw)[: int(counts[1])]}
     assert wr[36] == -1 and wr[37] == -1 and wr[38] != -1
+
+
+# Ring and SWA page sizes that are not powers of two: the planners divide by them with a
+# multiply and a shift computed on the host (plan_math.h, Divisor).
+ODD_CASES = [
+    # (compress_ratio, use_req_ring, swa_page_size, ring_size)
+    (4, False, 24, 12),
+    (4, False, 60, 20),
+    (4, True, 36, 12),
+    (128, False, 1152, 384),
+    (128, True, 384, 640),
+]
+
+
+@pytest.mark.parametrize("cr,req_ring,sps,ring", ODD_CASES)
+def test_plan_odd_ring_and_page_sizes(device, cr, req_ring, sps, ring):
+    ctx = -(-MAX_CTX // sps) * sps
+    gen = torch.Generator().manual_seed(ring + sps)
+    rng = random.Random(ring * 3 + sps)
+    r2t, f2s = make_tables(gen, sps, neg_frac=0.05, ctx=ctx)
+    mode = "req_ring" if (req_ring or cr == 128) else "swa"
+    t = Tables(mode, cr, r2t=r2t, f2s=f2s, sps=sps, ring=ring)
+    rids, sls, els = random_batch(rng, 8, cr, max_len=ctx)
+    nq = sum(els) + 5
+    comp, writes = oracle_prefill(t, rids, sls, els)
+
+    def call(plan_dev, len_dev):
+        return ops.plan_prefill(i64(rids, plan_dev), i64(sls, len_dev), i64(els, len_dev),
+                                strided(r2t, plan_dev), f2s.to(plan_dev), cr, sps, ring, nq, req_ring)
+
+    check_prefill_runs(device, call, nq, comp, writes, INV_W)
+    dec_rids = [rng.randrange(NUM_ROWS) for _ in range(16)]
+    dec_sls = [rng.randint(1, ctx) for _ in range(12)] + [sps, sps + 1, ring, ring + 1]
+    exp = oracle_decode(t, dec_rids, dec_sls)
+    for dev in {torch.device("cpu"), device}:
+        plan = ops.plan_decode(i64(dec_rids, dev), strided(r2t, dev), f2s.to(dev),
+                               i64(dec_sls, dev), cr, sps, ring, req_ring)
+        assert_rows(plan, exp, f"plan_decode on {dev}")
+
+
+@pytest.mark.parametrize("cr,ring", [(4, 12), (4, 1000004), (4, 2 ** 30 + 4), (128, 384)])
+def test_plan_request_ring_near_int32_positions(device, cr, ring):
+    """Positions up to 2^31 - 2 (the largest seq_len a planner takes is 2^31 - 1) with request
+    rings that are not powers of two, decode and prefill."""
+    sls = [2 ** 31 - 1, 2 ** 31 - 2, 2 ** 31 - 13, 3 * 2 ** 29 + 7, 12345678, ring, ring + 1]
+    rids = [0 if ring > 2 ** 20 else i % 5 for i in range(len(sls))]  # slots fit int32
+    t = Tables("req_ring", cr, ring=ring)
+    r2t = torch.zeros((NUM_ROWS, 4), dtype=torch.int32)
+    f2s = torch.zeros(1, dtype=torch.int64)
+    exp = oracle_decode(t, rids, sls)
+    for dev in {torch.device("cpu"), device}:
+        plan = ops.plan_decode(i64(rids, dev), r2t.to(dev), f2s.to(dev), i64(sls, dev), cr, 64,
+                               ring, True)
+        assert_rows(plan, exp, f"plan_decode on {dev}")
+    els = [3, 1, cr + 2, 0, 2 * cr, 5, 1]
+    nq = sum(els)
+    comp, writes = oracle_prefill(t, rids, sls, els)
+    assert comp and writes
+
+    def call(plan_dev, len_dev):
+        return ops.plan_prefill(i64(rids, plan_dev), i64(sls, len_dev), i64(els, len_dev),
+                                r2t.to(plan_dev), f2s.to(plan_dev), cr, 64, ring, nq, True)
+
+    check_prefill_runs(device, call, nq, comp, writes, INV_W)
 
 
 # ---------------------------------------------------------------------------------------------
