@@ -35,6 +35,7 @@ SAN_DEVICE=${SAN_DEVICE:-cuda}
 DEFAULT_K="test_plan_decode_matches_oracle or test_plan_prefill_matches_oracle"
 DEFAULT_K="$DEFAULT_K or test_plan_online_prefill_matches_oracle or test_plan_online_decode_matches_oracle"
 DEFAULT_K="$DEFAULT_K or test_out_of_range_lookups_are_absent or test_prefill_negative_full_to_state"
+DEFAULT_K="$DEFAULT_K or test_plan_odd_ring_and_page_sizes or test_plan_request_ring_near_int32_positions"
 DEFAULT_K="$DEFAULT_K or (test_offline_sequences and (sfloat32-ifloat32-ofloat32 or sbfloat16-ibfloat16-obfloat16))"
 DEFAULT_K="$DEFAULT_K or (test_online_sequences and sfloat32-ifloat32-ofloat32)"
 DEFAULT_K="$DEFAULT_K or test_prefill_compress_reads_before_writes or test_negative_and_out_of_range_are_skipped"

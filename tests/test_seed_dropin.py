@@ -2,6 +2,7 @@
 test time, never copied) runs on dsv4_ops by changing its one kernel import, and its
 compressor step writes exactly the state and cache bytes that direct dsv4_ops calls write,
 which in turn hold the reference's compressed tokens."""
+import os
 import sys
 import types
 from pathlib import Path
@@ -12,7 +13,9 @@ import torch
 import dsv4_ops
 from dsv4_ops import reference
 
-SEED = Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "compressor_v2.py"
+# DSV4_SEED: the file elsewhere (e.g. an untracked copy carried to a GPU machine for a test run).
+SEED = Path(os.environ.get("DSV4_SEED") or
+            Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "compressor_v2.py")
 KERNEL_IMPORT = "from sglang.jit_kernel.dsv4 import ("
 
 SPS, PAGE = 256, 256  # SWA page and full-cache page, in tokens
@@ -29,7 +32,8 @@ class _Flag:
 @pytest.fixture(scope="module")
 def seed_module():
     if not SEED.exists():
-        pytest.skip(f"the seed consumer code is not beside this checkout ({SEED})")
+        pytest.skip(f"the seed consumer code is not beside this checkout ({SEED}; DSV4_SEED "
+                    "names it elsewhere)")
     source = SEED.read_text()
     assert source.count(KERNEL_IMPORT) == 1
     source = source.replace(KERNEL_IMPORT, "from dsv4_ops import (")  # the one changed import
