@@ -27,7 +27,8 @@ constexpr int64_t kMaxInt32 = 2147483647;
 // m = ceil(2^k / d) < 2^32 (the error m * d - 2^k < d <= 2^s = 2^(k - 31) keeps every
 // quotient exact). The ring and SWA page sizes divide positions and slots in every planner
 // record; a GPU division by a runtime value is a long dependent chain (reciprocal, multiplies,
-// two corrections), this is one wide multiply. m == 0: no such form (d >= 2^31).
+// two corrections), this is one wide multiply. m == 0: left to the plain division (d < 1 or
+// d >= 2^31 - 1; ring and page sizes are validated to [1, 2^31)).
 struct Divisor {
   int64_t d;
   uint32_t m;
