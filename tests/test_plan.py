@@ -27,7 +27,12 @@ class Tables:
         self.f2s = f2s.tolist() if f2s is not None else None
 
     def slot(self, rid, pos):
-        """SPEC 2.1; any lookup outside the tables (or a negative entry) is -1."""
+        """SPEC 2.1; any lookup outside the tables (or a negative entry) is -1, and so is a slot
+        that does not fit the plans' int32 fields."""
+        s = self._slot(rid, pos)
+        return s if s <= 2 ** 31 - 1 else -1
+
+    def _slot(self, rid, pos):
         if rid < 0:
             return -1
         if self.mode == "online":
@@ -427,6 +432,44 @@ def test_plan_request_ring_near_int32_positions(device, cr, ring):
                                 r2t.to(plan_dev), f2s.to(plan_dev), cr, 64, ring, nq, True)
 
     check_prefill_runs(device, call, nq, comp, writes, INV_W)
+
+
+def test_plan_slots_past_int32(device):
+    """full_to_state entries at and past 2^31 (the planners' 64-bit path: slots that fit int32
+    and slots that do not, which are -1) and request rows whose ring slots pass 2^31 - 1."""
+    sps, ring, ctx = 64, 8, 256
+    bases = [0, 2 ** 31 - sps, 2 ** 31, 2 ** 33, 2 ** 40, 2 ** 62]
+    r2t = torch.arange(NUM_ROWS * ctx, dtype=torch.int32).view(NUM_ROWS, ctx)
+    f2s = torch.tensor([bases[(i // sps) % len(bases)] + i % sps for i in range(NUM_ROWS * ctx)])
+    t = Tables("swa", 4, r2t=r2t, f2s=f2s, sps=sps, ring=ring)
+    rng = random.Random(31)
+    rids = [rng.randrange(NUM_ROWS) for _ in range(24)]
+    sls = [rng.randint(1, ctx) for _ in rids]
+    exp = oracle_decode(t, rids, sls)
+    slots = {r[1] for r in exp}
+    assert -1 in slots and max(slots) > 2 ** 30  # both kinds of large entry occur
+    for dev in {torch.device("cpu"), device}:
+        plan = ops.plan_decode(i64(rids, dev), r2t.to(dev), f2s.to(dev), i64(sls, dev), 4, sps,
+                               ring, False)
+        assert_rows(plan, exp, f"plan_decode on {dev}")
+    els = [min(sl, rng.randint(1, 40)) for sl in sls]
+    nq = sum(els)
+    comp, writes = oracle_prefill(t, rids, sls, els)
+
+    def call(plan_dev, len_dev):
+        return ops.plan_prefill(i64(rids, plan_dev), i64(sls, len_dev), i64(els, len_dev),
+                                r2t.to(plan_dev), f2s.to(plan_dev), 4, sps, ring, nq, False)
+
+    check_prefill_runs(device, call, nq, comp, writes, INV_W)
+    # request ring of 8: row 2^28 - 1 has the last slots below 2^31, rows from 2^28 none
+    rids, sls = [2 ** 28 - 1, 2 ** 28, 2 ** 31 - 1, 3], [13, 13, 6, 9]
+    t = Tables("req_ring", 4, ring=ring)
+    exp = oracle_decode(t, rids, sls)
+    assert [r[1] for r in exp] == [2 ** 31 - 4, -1, -1, 3 * 8 + 0]
+    for dev in {torch.device("cpu"), device}:
+        plan = ops.plan_decode(i64(rids, dev), r2t.to(dev), f2s.to(dev), i64(sls, dev), 4, sps,
+                               ring, True)
+        assert_rows(plan, exp, f"plan_decode (request ring) on {dev}")
 
 
 # ---------------------------------------------------------------------------------------------
