@@ -134,6 +134,7 @@ inline Params make_params(const CallShape& cs, const at::Tensor& kv_score_buffer
   p.online_store = 0;
   p.after_pool = 0;
   p.records_per_block = 1;
+  p.early_trigger = 0;
   return p;
 }
 

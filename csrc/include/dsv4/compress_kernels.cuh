@@ -544,6 +544,7 @@ DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressP
       // The window loads below are asm statements the compiler could otherwise hoist above
       // these stores.
       compiler_fence();
+      if (p.early_trigger) pdl_trigger();
     } else {
       d = offline_prefill_window(recs[t / kLanes], 4);
     }

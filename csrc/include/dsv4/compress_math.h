@@ -388,6 +388,7 @@ struct Params {
   int32_t online_store;  // online prefill pass over plan_w: store (M, S, K), no output
   int32_t after_pool;    // row writes launched right after this call's pooling kernel (GPU)
   int32_t records_per_block;  // c128 kernel (GPU): records per block, 0 / 1: one
+  int32_t early_trigger;      // c4 decode (GPU): pdl_trigger() right after the row copy
 };
 
 }  // namespace compress
