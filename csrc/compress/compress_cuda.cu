@@ -48,8 +48,8 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
       // One wave of resident blocks: the next kernel may launch as soon as the row copies are
       // out, its blocks take slots this grid leaves free. With more blocks they would take
       // slots of this grid's later blocks. Measured on the H200 (graph replay, fp32, the
-      // next kernel a store): 1024 closing hd 128 requests 5.35 -> 5.08 us, 8 closing hd 512
-      // 3.45 -> 3.23; 1024 closing hd 512 (two waves) 12.8 -> 13.7 with it.
+      // next kernel a store): 1024 closing hd 128 requests 5.34-5.36 -> 5.08 us, 8 closing
+      // hd 512 3.44-3.46 -> 3.23; 1024 closing hd 512 (two waves) 12.75-12.78 -> 13.72-13.74.
       Params pd = p;
       pd.early_trigger = groups <= int64_t(DSV4_C4_MIN_BLOCKS) * env.sms ? 1 : 0;
       launch(c4_kernel<TS, TI, true, kHd>, groups, kC4Block, pd);
