@@ -57,7 +57,7 @@ struct PlanParams {
   int32_t win;  // window rows: 8 (cr = 4) or 128
   Divisor ring;  // kSwaPaged / kReqRing: ring_size; kLegacy: win
   Divisor sps;   // kSwaPaged: swa_page_size (> 0); otherwise 1
-  bool div32;    // both have multipliers (make_divisor), see slot_pair()
+  bool multipliers;  // both have one (make_divisor): slot_pair() takes div32 / mod32
   int64_t state_slot_offset;  // kOnline
   // req_to_token [rt_rows, max_ctx] int32, row stride rt_stride, unit column stride.
   const int32_t* req_to_token;
@@ -77,7 +77,7 @@ struct PlanParams {
 inline void set_divisors(PlanParams& p, int64_t ring, int64_t sps) {
   p.ring = make_divisor(ring);
   p.sps = make_divisor(sps);
-  p.div32 = p.ring.m != 0 && p.sps.m != 0;
+  p.multipliers = p.ring.m != 0 && p.sps.m != 0;
 }
 
 inline PlanParams plan_params_base(Addressing a, int32_t cr) {
@@ -201,7 +201,7 @@ DSV4_HD int32_t slot_of(const PlanParams& p, int64_t rid, int64_t pos) {
   }
 }
 
-// swa_slot() and the ring slot of slot_of() for p.div32, 0 <= rid, pos < 2^31 and
+// swa_slot() and the ring slot of slot_of() for p.multipliers, 0 <= rid, pos < 2^31 and
 // -1 <= swa < 2^31: straight-line code.
 DSV4_HD int32_t swa_slot32(const PlanParams& p, int64_t swa) {
   const uint32_t w = uint32_t(swa);
@@ -222,7 +222,7 @@ DSV4_HD void slot_pair(const PlanParams& p, int64_t rid, int64_t pos0, int64_t p
   if (p.addressing == Addressing::kSwaPaged && rid_ok && swa_tables(p)) {
     const int64_t f0 = full_index(p, rid, pos0), f1 = full_index(p, rid, pos1);
     const int64_t w0 = swa_entry(p, f0), w1 = swa_entry(p, f1);
-    if (p.div32 && w0 <= kMaxInt32 && w1 <= kMaxInt32) {
+    if (p.multipliers && w0 <= kMaxInt32 && w1 <= kMaxInt32) {
       s0 = swa_slot32(p, w0);
       s1 = swa_slot32(p, w1);
     } else {
@@ -232,7 +232,7 @@ DSV4_HD void slot_pair(const PlanParams& p, int64_t rid, int64_t pos0, int64_t p
     return;
   }
   const bool ring = p.addressing == Addressing::kReqRing || p.addressing == Addressing::kLegacy;
-  if (ring && p.div32 && rid_ok && uint64_t(pos0) <= uint64_t(kMaxInt32) &&
+  if (ring && p.multipliers && rid_ok && uint64_t(pos0) <= uint64_t(kMaxInt32) &&
       uint64_t(pos1) <= uint64_t(kMaxInt32)) {
     s0 = ring_slot32(p, rid, pos0);
     s1 = ring_slot32(p, rid, pos1);
