@@ -47,6 +47,8 @@ DEFAULT_K="$DEFAULT_K or (test_prefill_matches_oracle and 0-64 and not test_plan
 DEFAULT_K="$DEFAULT_K or padded_prefill_many_records or (test_padded_prefill_strided_blocks and 4-17000)"
 # cr 128 decode blocks that take several requests (shared-memory records, copies, then pools)
 DEFAULT_K="$DEFAULT_K or (test_c128_decode_request_groups and 128-at)"
+# ... and their scan over a step of several rounds of plan records (shared counts per round)
+DEFAULT_K="$DEFAULT_K or test_c128_decode_uneven_closings"
 # the decode window row the step writes, from an input of another dtype; ape of every dtype
 DEFAULT_K="$DEFAULT_K or test_decode_uses_state_rounded_new_row or test_ape_dtypes"
 SAN_K=${SAN_K:-"$SAN_DEVICE and ($DEFAULT_K)"}

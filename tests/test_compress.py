@@ -480,11 +480,13 @@ def test_decode_uses_state_rounded_new_row(device, cr):
     assert_rows_close(out[0], ref, F32, "decode with rounded row")
 
 
-def _check_mixed_decode_batch(device, cr, hd, batch, sdt=F32, idt=F32):
-    """One decode call over `batch` events that mixes, in every group of four, steps that close
-    a window, steps that close none, steps whose write_loc is another row of the window (that
-    row enters as the new token's, rounded to the state dtype) and steps that write nothing;
-    state rows and outputs are checked against the reference."""
+def _check_mixed_decode_batch(device, cr, hd, batch, sdt=F32, idt=F32,
+                              kind_of=lambda b: (b * 7) % 4):
+    """One decode call over `batch` events that mixes steps that close a window, steps that close
+    none, steps whose write_loc is another row of the window (that row enters as the new
+    token's, rounded to the state dtype) and steps that write nothing (kind_of(b): by default
+    every kind in every group of four); state rows and outputs are checked against the
+    reference."""
     row = row_of(cr, hd)
     g = torch.Generator().manual_seed(21)
     pages = (2 if cr == 4 else 1) * batch + 3  # every event reads and writes pages of its own
@@ -494,7 +496,7 @@ def _check_mixed_decode_batch(device, cr, hd, batch, sdt=F32, idt=F32):
     perm = torch.randperm(pages, generator=g).tolist()
     recs, closing = [], []
     for b in range(batch):
-        kind = (b * 7) % 4  # 0: closes, 1: no window, 2: closes, write_loc mid-window, 3: no write
+        kind = kind_of(b)  # 0: closes, 1: no window, 2: closes, write_loc mid-window, 3: no write
         p1 = perm[b]
         p0 = perm[batch + b] if cr == 4 else p1
         s = cr * (3 + b % 5) + (1 + b % (cr - 1) if kind in (1, 3) else 0)
@@ -558,6 +560,22 @@ def test_c128_decode_copy_rounds(device):
     requests per block, two full rounds after the first and one partial."""
     _, groups = _c128_decode_layout(device, 512)
     _check_mixed_decode_batch(device, 128, 512, 96 * groups + 5)
+
+
+def test_c128_decode_uneven_closings(device):
+    """The grouped cr = 128 decode ranks the step's closing requests in rounds of 1024 plan
+    records (two chunks of 512): closing requests bunched across a chunk and a round boundary,
+    a few scattered ones and none elsewhere, so that the chunks' counts differ widely and every
+    block's share comes from another part of the step."""
+    threshold, _ = _c128_decode_layout(device, 128)
+    batch = max(threshold, 2100)
+
+    def kind_of(b):
+        if 900 <= b < 1100 or b % 331 == 0 or b >= batch - 2:
+            return 2 if b % 3 == 1 else 0
+        return 3 if b % 5 == 0 else 1
+
+    _check_mixed_decode_batch(device, 128, 128, batch, kind_of=kind_of)
 
 
 @pytest.mark.parametrize("cr", [4, 128])

@@ -898,7 +898,16 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
   __shared__ int n_pool, n_zero;
   constexpr int kScanGroups = kC128Block / kLaneGroup;
   __shared__ int32_t evs[kDecode ? kC128MaxRecords : 1];  // decode: the pooled requests
-  __shared__ int group_closing[2][kDecode ? kScanGroups : 1];
+  // Decode scan, in rounds of kScanChunks chunks of kC128Block plan records: thread t holds
+  // records t + kC128Block * j of the round (the first round's loaded with the copy rows), and
+  // the closing requests per lane group and chunk (double-buffered by round). Rounds of 2 chunks
+  // and the counts prefixed by lane shuffles, against a round per chunk whose every thread summed
+  // the counts of the groups before its own, measured on the H200 (docs/performance_log.md,
+  // nineteenth session): 4096 requests closing none 21.8 -> 19.1 us, 1024 8.4 -> 7.7, 256 equal;
+  // rounds of 4 chunks lost 0.2-0.4 us on batches of 256-1024.
+  constexpr int kScanChunks = 2;
+  __shared__ int group_closing[2][kDecode ? kScanGroups : 1][kDecode ? kScanChunks : 1];
+  static_assert(kScanGroups <= kLaneGroup, "the scan's lane-group counts fit one lane group");
   int to_pool = 1;
   const Rec* src = reinterpret_cast<const Rec*>(p.plan) + e0;  // record k
   if (nrec > 1) {
@@ -914,14 +923,21 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
     constexpr int kStep = kC128Block / kC128CopyLanes;  // records whose rows a round copies
     constexpr int kAhead = kDecode ? kC128CopyAhead / kStep : 1;
     RawIn cv[kAhead];
-    Rec scan_rec{};  // decode: the plan record thread t reads in the scan below, loaded ahead
+    Rec scan_recs[kScanChunks];  // decode: the scan round's plan records (below)
+    const auto load_scan_round = [&](int64_t b0) {
+#pragma unroll
+      for (int j = 0; j < kScanChunks; ++j) {
+        const int64_t ev = b0 + j * kC128Block + t;
+        if (ev < p.num_records) scan_recs[j] = reinterpret_cast<const Rec*>(p.plan)[ev];
+      }
+    };
     if constexpr (kDecode) {
 #pragma unroll
       for (int j = 0; j < kAhead; ++j) {
         const TI* r = copy_row(t / kC128CopyLanes + j * kStep);
         cv[j] = load_raw_if<TI, V, false>(r != nullptr, r, RawIn{});
       }
-      if (t < p.num_records) scan_rec = reinterpret_cast<const Rec*>(p.plan)[t];
+      load_scan_round(0);
     }
     if (t == 0) n_pool = n_zero = 0;
     __syncthreads();
@@ -972,29 +988,50 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS) c128_kern
       // 32-bit ranks and divisions (a 64-bit one is a slow library call, per thread and chunk):
       // a grouped decode has fewer than 2^31 records (c128_decode_groups).
       const uint32_t ustride = uint32_t(stride);
-      int64_t closing = 0;  // closing requests before the chunk
-      for (int64_t b0 = 0, chunk = 0; b0 < p.num_records; b0 += kC128Block, ++chunk) {
-        const int64_t ev = b0 + t;
-        const Rec rec = scan_rec;
-        if (ev + kC128Block < p.num_records)  // the next chunk's, loaded ahead
-          scan_rec = reinterpret_cast<const Rec*>(p.plan)[ev + kC128Block];
-        const bool closes = ev < p.num_records && c128_record_pools<kMode>(p, rec);
-        const uint32_t mask = group_ballot(closes);
-        const int lane_g = t % kLaneGroup;
-        int(&counts)[kScanGroups] = group_closing[chunk & 1];
-        if (lane_g == 0) counts[t / kLaneGroup] = __popc(mask);
-        __syncthreads();  // (double-buffered counts: one barrier per chunk)
-        int before = __popc(mask & ((1u << lane_g) - 1u)), total = 0;
+      const int lane_g = t % kLaneGroup, group = t / kLaneGroup;
+      int64_t closing = 0;  // closing requests before the round
+      for (int64_t b0 = 0, round = 0; b0 < p.num_records;
+           b0 += kScanChunks * kC128Block, ++round) {
+        if (round > 0) load_scan_round(b0);  // (the first round's were loaded with the copies)
+        int(&counts)[kScanGroups][kScanChunks] = group_closing[round & 1];
+        bool closes[kScanChunks];
+        uint32_t mask[kScanChunks];
 #pragma unroll
-        for (int j = 0; j < kScanGroups; ++j) {
-          before += j < t / kLaneGroup ? counts[j] : 0;
-          total += counts[j];
+        for (int j = 0; j < kScanChunks; ++j) {
+          closes[j] = b0 + j * kC128Block + t < p.num_records &&
+                      c128_record_pools<kMode>(p, scan_recs[j]);
+          mask[j] = group_ballot(closes[j]);
+          if (lane_g == 0) counts[group][j] = __popc(mask[j]);
         }
-        if (closes) {  // rank ci: pooled by the block with ci % stride == e0, as its pool q
-          const uint32_t ci = uint32_t(closing + before), q = ci / ustride;
-          if (ci - q * ustride == uint32_t(e0)) {
-            recs[q] = rec;
-            evs[q] = int32_t(ev);
+        __syncthreads();  // (double-buffered counts: one barrier per round)
+        // Per chunk, the closing requests up to lane group k, in lane k: a scan across lanes
+        // that every warp does for itself (a thread summing the groups before its own took ~130
+        // instructions per chunk, in every warp).
+        int upto[kScanChunks];
+#pragma unroll
+        for (int j = 0; j < kScanChunks; ++j)
+          upto[j] = lane_g < kScanGroups ? counts[lane_g][j] : 0;
+#pragma unroll
+        for (int d = 1; d < kScanGroups; d <<= 1) {
+#pragma unroll
+          for (int j = 0; j < kScanChunks; ++j) {
+            const int u = shfl_idx(upto[j], lane_g >= d ? lane_g - d : lane_g);
+            upto[j] += lane_g >= d ? u : 0;
+          }
+        }
+        int total = 0;  // closing requests of the round's chunks before chunk j
+#pragma unroll
+        for (int j = 0; j < kScanChunks; ++j) {
+          const int groups_before = shfl_idx(upto[j], group > 0 ? group - 1 : 0);
+          const int before = total + (group > 0 ? groups_before : 0) +
+                             __popc(mask[j] & ((1u << lane_g) - 1u));
+          total += shfl_idx(upto[j], kScanGroups - 1);
+          if (closes[j]) {  // rank ci: pooled by the block with ci % stride == e0, as its pool q
+            const uint32_t ci = uint32_t(closing + before), q = ci / ustride;
+            if (ci - q * ustride == uint32_t(e0)) {
+              recs[q] = scan_recs[j];
+              evs[q] = int32_t(b0 + j * kC128Block + t);
+            }
           }
         }
         closing += total;

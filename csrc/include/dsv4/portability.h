@@ -58,6 +58,16 @@ DSV4_DEVICE T shfl_xor(T v, int mask) {
 #endif
 }
 
+// v of lane `src` of the calling thread's 32-lane group.
+template <typename T>
+DSV4_DEVICE T shfl_idx(T v, int src) {
+#if defined(DSV4_HIP)
+  return __shfl(v, src, kLaneGroup);
+#else
+  return __shfl_sync(0xffffffffu, v, src, kLaneGroup);
+#endif
+}
+
 // Bit i: `pred` of lane i of the calling thread's 32-lane group (every lane of the group calls).
 DSV4_DEVICE uint32_t group_ballot(bool pred) {
 #if defined(DSV4_HIP)
