@@ -48,9 +48,13 @@ def store_format_of(head_dim: int, use_fp4: bool = False, bf16_store: bool = Fal
 
 def freqs_as_real(freq_cis: torch.Tensor) -> torch.Tensor:
     """complex [max_pos, 32] -> fp32 [max_pos, 64] = (cos0, sin0, cos1, sin1, ...), a view."""
-    if freq_cis.is_complex():
-        return torch.view_as_real(freq_cis).flatten(-2)
-    return freq_cis
+    if not freq_cis.is_complex():
+        return freq_cis
+    if freq_cis.dtype == torch.complex64 and freq_cis.stride(-1) == 1:
+        # One view op, on every store call of a complex table: view_as_real + flatten are two
+        # (about 5.5 us of host time against 1.3 here).
+        return freq_cis.view(torch.float32)
+    return torch.view_as_real(freq_cis).flatten(-2)
 
 
 def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch.Tensor,

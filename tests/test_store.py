@@ -744,15 +744,20 @@ def test_against_dsv4_reference_store(device, fmt):
 
 # ---- the Python layer ---------------------------------------------------------------------
 
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
 @pytest.mark.parametrize("use_fp4", [False, True])
-def test_python_api_complex_freqs(device, use_fp4):
-    """dsv4_ops.compress_norm_rope_store: plan objects, complex freq_cis, format from flags."""
+def test_python_api_complex_freqs(device, use_fp4, strided):
+    """dsv4_ops.compress_norm_rope_store: plan objects, complex freq_cis (a contiguous table, read
+    through a view, and every other column of a wider one), format from flags."""
     gen = torch.Generator().manual_seed(51)
     hd = 128
     fmt = "fp4_indexer" if use_fp4 else "fp8_indexer"
     ps, n = 64, 6
-    ang = torch.rand(300, 32, generator=gen, dtype=torch.float64) * 6.3
+    ang = torch.rand(300, 64 if strided else 32, generator=gen, dtype=torch.float64) * 6.3
     freq_cis = torch.polar(torch.ones_like(ang), ang).to(torch.complex64)
+    dev_freq_cis = freq_cis.to(device)
+    if strided:  # (sliced on the device: moving a strided view would make it contiguous)
+        freq_cis, dev_freq_cis = freq_cis[:, ::2], dev_freq_cis[:, ::2]
     freqs = torch.view_as_real(freq_cis).flatten(-2)
     words = prefill_words([4 * (k + 1) for k in range(n)], list(range(n)))
     plan = dsv4_ops.CompressorPrefillPlan(4, pack_words(words).to(device),
@@ -764,7 +769,7 @@ def test_python_api_complex_freqs(device, use_fp4):
     dev_cache = cache.to(device)
     locs = torch.tensor([3, 70, 64, 0, 127, 5])
     dsv4_ops.compress_norm_rope_store(kv.to(device), plan, norm_weight=w.to(device), norm_eps=1e-6,
-                                      freq_cis=freq_cis.to(device), out_loc=locs.to(device),
+                                      freq_cis=dev_freq_cis, out_loc=locs.to(device),
                                       kvcache=dev_cache, page_size=ps, use_fp4=use_fp4)
     rows = active_rows(words, False, 4, locs.tolist(), 300, 2, ps)
     y = oracle_y(kv, [p for _, _, p in rows], w, 1e-6, freqs)
