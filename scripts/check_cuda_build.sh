@@ -2,8 +2,8 @@
 # Compile check of the CUDA kernels on a machine without a GPU (CI): builds the extension
 # for sm_90 against torch 2.14.1+cu130 with nvcc 13.0, loads it, and checks that every
 # dsv4 op has a CUDA kernel registered, and that the pooling kernels issue their window loads
-# together and the store kernels their inputs' loads (scripts/check_load_batching.py). A broken
-# CUDA build fails this script.
+# together and the store kernels their inputs' loads (scripts/check_load_batching.py); also
+# compiles benchmarks/read_floor.cu. A broken CUDA build fails this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DSV4_CU_VENV:-.venv-cu130}
@@ -32,6 +32,9 @@ if missing:
     sys.exit(f"check_cuda_build: ops without a kernel: {missing}")
 print(f"check_cuda_build: {lib[0]} has CPU and CUDA kernels for all {len(ops)} ops (sm_90, torch {torch.__version__})")
 PY
+# The benchmarks' read-floor tool (a standalone CUDA program, run by scripts/gpu_session.sh).
+"$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -o "$OUT/read_floor" benchmarks/read_floor.cu
+echo "check_cuda_build: benchmarks/read_floor.cu compiles (sm_90)"
 # The pooling kernels' window loads must stay batched in the machine code (see the script).
 CUOBJDUMP=$("$VENV/bin/python" -c 'import os, triton; print(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))' 2>/dev/null || true)
 [ -x "${CUOBJDUMP:-}" ] || CUOBJDUMP="$CUDA_HOME/bin/cuobjdump"

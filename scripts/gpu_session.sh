@@ -7,7 +7,9 @@
 # Stages (in this order, each optional, a failing stage does not stop the next ones):
 #   build      pip install -e . with the CUDA kernels for sm_90, then checks every op has a CUDA kernel
 #   test       pytest -q over tests/ (junit xml + log)
-#   bench      benchmarks/run.py (results.json / results.md / bandwidth.png)
+#   bench      benchmarks/run.py (results.json / results.md / bandwidth.png), then the read
+#              floors of the large cases (benchmarks/read_floor.cu, built with nvcc when present;
+#              read_floor.md in results.tar.gz and the bench log)
 #   peer       benchmarks/peer_compare.py against the reference engine's kernels (needs .peer/,
 #              see .peer/README.md; installs .peer/wheels/*.whl into /tmp/site first)
 #   sanitizer  scripts/sanitize.sh: compute-sanitizer memcheck + racecheck over small CUDA tests
@@ -118,6 +120,12 @@ stage_bench() {
   [ "$budget" -lt 30 ] && budget=30
   # shellcheck disable=SC2086
   "$PY" benchmarks/run.py --out "$WORK/bench" --budget-s "$budget" $BENCH_ARGS
+  local rc=$?
+  if command -v nvcc >/dev/null && mkdir -p "$WORK/bench" &&
+     nvcc -O3 -std=c++17 -arch=native -o "$WORK/read_floor" benchmarks/read_floor.cu; then
+    "$WORK/read_floor" | tee "$WORK/bench/read_floor.md"
+  fi
+  return $rc
 }
 
 stage_peer() {
@@ -154,7 +162,7 @@ key_lines() {  # the lines of a stage log worth a summary
     test) grep -E "^(FAILED|ERROR) " "$log" | head -15
           l=$(grep -E "(passed|failed|error|no tests ran).* in [0-9.]+s" "$log" | tail -1)
           if [ -n "$l" ]; then echo "$l"; else grep -E "^E  " "$log" | head -3; fi ;;
-    bench) grep -E "^\[ceiling\]|rows in|^NOTE|device lost|not importable" "$log" | head -15 ;;
+    bench) grep -E "^\[ceiling\]|rows in|^NOTE|device lost|not importable|^copy bandwidth|^\| (cr|fp8)" "$log" | head -15 ;;
     peer) grep -E "^SKIP|^\[ceiling\]|^checks |^summary:|cannot|CUDA context|^\[jit\]|^\[graph\]" "$log" | head -15 ;;
     sanitizer) grep -E "^sanitize [a-z]+:|tests selected|not found" "$log" | head -10 ;;
   esac
