@@ -1,14 +1,14 @@
-"""End-to-end serving scenarios: dsv4_ops.simulate drives the planners, compress_forward and
-compress_norm_rope_store the way a serving engine does, step after step, and checks every
-compressed token against dsv4_ops.reference (whole-sequence oracle), every byte of the
+"""End-to-end serving scenarios: dsv4_ops.testing.simulate drives the planners, compress_forward
+and compress_norm_rope_store the way a serving engine does, step after step, and checks every
+compressed token against dsv4_ops.testing.reference (whole-sequence oracle), every byte of the
 compressed caches against a reference-written shadow, and every state-buffer row (rows no
 step persists must stay untouched). A step that disagrees raises SimulationMismatch."""
 import pytest
 import torch
 
-from dsv4_ops import simulate
-from dsv4_ops.simulate import (CompressorConfig, ServingSimulator, SimulationMismatch,
-                               deepseek_v4_compressors)
+from dsv4_ops.testing import simulate
+from dsv4_ops.testing.simulate import (CompressorConfig, ServingSimulator, SimulationMismatch,
+                                       deepseek_v4_compressors)
 
 F32, BF16 = torch.float32, torch.bfloat16
 
