@@ -46,6 +46,7 @@ does; ``lengths_on_device=True`` hands the planners device-side lengths.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -68,55 +69,33 @@ class SimulationMismatch(AssertionError):
 # Configuration
 # ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class CompressorConfig:
+class CompressorConfig(Compressor):
     """One compressor of the model (the simulator keeps one state buffer and one cache each):
-    its layout (a dsv4_ops.Compressor, see its defaults) plus the dtypes the engine feeds.
+    its layout (a dsv4_ops.Compressor, see its defaults), its name and the dtypes the engine
+    feeds, e.g. ``CompressorConfig(4, 128, "fp4_indexer", name="c4_indexer_fp4")``.
 
     addressing: "swa_paged" (cr = 4 only), "req_ring", "legacy" or "online" (cr = 128 only).
     ring_size: None picks the window (8 / 128), doubled when the simulator is speculative.
     out_dtype: compress_forward's output dtype (None: the input dtype, the API's default).
     """
-    name: str
-    compress_ratio: int
-    head_dim: int
-    store_format: Optional[str] = None
-    addressing: Optional[str] = None
-    ring_size: Optional[int] = None
-    state_dtype: torch.dtype = torch.float32
-    input_dtype: torch.dtype = torch.float32
-    out_dtype: Optional[torch.dtype] = None
-    ape_dtype: torch.dtype = torch.float32
-    norm_eps: float = 1e-6
+    name: str = field(kw_only=True)
+    input_dtype: torch.dtype = field(default=torch.float32, kw_only=True)
+    out_dtype: Optional[torch.dtype] = field(default=None, kw_only=True)
+    ape_dtype: torch.dtype = field(default=torch.float32, kw_only=True)
+    norm_eps: float = field(default=1e-6, kw_only=True)
 
     def __post_init__(self):
         try:
-            layout = Compressor(self.compress_ratio, self.head_dim, self.store_format,
-                                self.addressing, self.ring_size, self.state_dtype)
+            super().__post_init__()
         except ValueError as e:
             raise ValueError(f"{self.name}: {e}") from None
-        object.__setattr__(self, "store_format", layout.store_format)
-        object.__setattr__(self, "addressing", layout.addressing)
 
-    def layout(self, speculative: bool = False) -> Compressor:
-        """The compressor's layout; a ring-addressed one without ring_size gets twice the
-        window when `speculative` (room for draft tokens)."""
-        ring = self.ring_size
-        if ring is None and speculative and self.addressing in ("swa_paged", "req_ring"):
-            ring = 2 * window_size(self.compress_ratio)
-        return Compressor(self.compress_ratio, self.head_dim, self.store_format, self.addressing,
-                          ring, self.state_dtype)
-
-    @property
-    def window(self) -> int:
-        return window_size(self.compress_ratio)
-
-    @property
-    def row_len(self) -> int:
-        return kv_score_row_width(self.compress_ratio, self.head_dim)
-
-    @property
-    def is_online(self) -> bool:
-        return self.addressing == "online"
+    def layout(self, speculative: bool = False) -> "CompressorConfig":
+        """The compressor with its ring resolved: a ring-addressed one without ring_size gets
+        twice the window when `speculative` (room for draft tokens)."""
+        if self.ring_size is None and speculative and self.addressing in ("swa_paged", "req_ring"):
+            return dataclasses.replace(self, ring_size=2 * self.window)
+        return self
 
 
 def deepseek_v4_compressors(*, indexer_stores: Sequence[str] = ("fp8_indexer",),
@@ -127,10 +106,10 @@ def deepseek_v4_compressors(*, indexer_stores: Sequence[str] = ("fp8_indexer",),
     """The compressors of DeepSeek-V4: the cr = 4 indexer (hd 128, one per indexer store
     format), the cr = 4 main compressor and the cr = 128 main compressor (hd 512)."""
     common = dict(state_dtype=state_dtype, input_dtype=input_dtype)
-    out = [CompressorConfig(f"c4_indexer_{fmt.split('_')[0]}", 4, 128, fmt, c4_addressing, **common)
-           for fmt in indexer_stores]
-    out.append(CompressorConfig("c4_main", 4, 512, main_store, c4_addressing, **common))
-    out.append(CompressorConfig("c128_main", 128, 512, main_store, c128_addressing, **common))
+    out = [CompressorConfig(4, 128, fmt, c4_addressing, name=f"c4_indexer_{fmt.split('_')[0]}",
+                            **common) for fmt in indexer_stores]
+    out.append(CompressorConfig(4, 512, main_store, c4_addressing, name="c4_main", **common))
+    out.append(CompressorConfig(128, 512, main_store, c128_addressing, name="c128_main", **common))
     return out
 
 
@@ -392,7 +371,7 @@ class ServingSimulator:
         rid = self._free_rids.pop(self._rng.randrange(len(self._free_rids)))
         req = Request(rid, name or f"r{rid}")
         for comp in self.compressors:
-            req.history[comp.cfg.name] = _Rows(comp.cfg.row_len)
+            req.history[comp.cfg.name] = _Rows(comp.cfg.kv_score_row_width)
             req.reference_tokens[comp.cfg.name] = {}
         if prefix_from is not None and prefix_len:
             self._share_prefix(req, prefix_from, prefix_len)
@@ -639,10 +618,10 @@ class ServingSimulator:
         for comp in self.compressors:
             name = comp.cfg.name
             rows = [req.history[name].get(p, p + n) for (req, n), p in zip(entries, prefixes)]
-            host = torch.cat(rows) if rows else torch.empty(0, comp.cfg.row_len)
+            host = torch.cat(rows) if rows else torch.empty(0, comp.cfg.kv_score_row_width)
             run.host_rows[name] = host
             # Padding rows are NaN: no valid record may ever read them.
-            nan = torch.full((pad, comp.cfg.row_len), float("nan"))
+            nan = torch.full((pad, comp.cfg.kv_score_row_width), float("nan"))
             run.inputs[name] = torch.cat([host, nan]).to(self.device, comp.cfg.input_dtype)
         locs = [(self._full_loc(r, pos), pos) for r, pos in run.token_of_row]
         for cr in {c.cfg.compress_ratio for c in self.compressors}:
