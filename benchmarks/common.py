@@ -1,5 +1,6 @@
-"""Shared benchmark machinery: device timers, the copy-bandwidth ceiling, case "worlds"
-(page tables, state buffers, inputs, caches), minimum-traffic byte models, row/table helpers.
+"""Shared benchmark machinery: device timers, the copy-bandwidth ceiling, the cases' worlds
+(page tables, state buffers, inputs, caches: dsv4_ops.testing.worlds), minimum-traffic byte
+models, row/table helpers.
 
 Conventions
 -----------

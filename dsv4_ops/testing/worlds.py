@@ -229,16 +229,6 @@ class World:
                                          device=self.device)
         return self._caches[fmt]
 
-    def with_lengths(self, requests: Sequence[Tuple[int, int]], kv_in: torch.Tensor) -> "World":
-        """The same tables and buffers with another batch on the same request rows."""
-        w = World(**{k: getattr(self, k) for k in self.__dataclass_fields__
-                     if k not in ("tensors", "_caches")})
-        w.requests = [(int(s), int(e)) for s, e in requests]
-        w.kv_in = kv_in
-        w.tensors = {k: v for k, v in self.tensors.items()
-                     if k in ("rid", "req_to_token", "full_to_state")}
-        return w
-
 
 def page_tables(gen: torch.Generator, *, num_req_rows: int, row_lengths: Dict[int, int],
                 page_size: int, swa_page_size: int, max_context: int, row_pad: int = 0,
