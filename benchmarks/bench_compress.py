@@ -9,7 +9,7 @@ a bf16-state subset (decode bnd at batch 64 and 1024, prefill 8x4096), and the o
 running state (hd512) for the same decode and prefill cases.
 
 Inputs are fp32 kv_score rows (the wkv_gate GEMM output); `out` is preallocated. The
-speed-up column times dsv4_ops.reference.compressed_tokens (float64, whole sequences) on the
+speed-up column times dsv4_ops.testing.reference.compressed_tokens (float64, whole sequences) on the
 same number of compressed tokens: decode = one call over that many fresh windows, prefill =
 one call per request over its extend rows (the prefix part of 4x(2000+2048) is not
 re-pooled). Online decode has no comparable reference workload (None).
@@ -38,17 +38,18 @@ def tag_of(label: str, hd: int, ratio: int, state_dtype: torch.dtype, online: bo
 
 def make_world(ctx: C.Context, name: str, hd: int, ratio: int, reqs, state_dtype, online=False,
                input_dtype=torch.float32) -> C.World:
-    return C.World(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device, state_dtype=state_dtype,
-                   input_dtype=input_dtype, seed=C.case_seed(name), online=online)
+    return C.make_world(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device,
+                        state_dtype=state_dtype, input_dtype=input_dtype, seed=C.case_seed(name),
+                        online=online)
 
 
 def decode_plan(w: C.World):
     import dsv4_ops
 
     P = dsv4_ops.CompressorDecodePlan
-    if w.online:
-        return P.generate_online(w.seq, w.rid, w.r2t, state_slot_offset=w.state_slot_offset)
-    return P.generate(w.ratio, w.rid, w.r2t, w.f2s, w.seq, C.SWA_PAGE, w.ring,
+    if w.is_online:
+        return P.generate_online(w.seq_lens, w.rid, w.req_to_token, state_slot_offset=w.state_slot_offset)
+    return P.generate(w.compress_ratio, w.rid, w.req_to_token, w.full_to_state, w.seq_lens, C.SWA_PAGE, w.ring,
                       use_req_ring=w.use_req_ring)
 
 
@@ -58,10 +59,10 @@ def prefill_plan(w: C.World, padded: bool = False):
     import dsv4_ops
 
     P = dsv4_ops.CompressorPrefillPlan
-    if w.online:
-        return P.generate_online(w.seq_cpu, w.ext_cpu, w.rid, w.r2t, w.num_q, use_cuda_graph=padded,
+    if w.is_online:
+        return P.generate_online(w.seq_lens_cpu, w.extend_lens_cpu, w.rid, w.req_to_token, w.num_q, use_cuda_graph=padded,
                                  state_slot_offset=w.state_slot_offset)
-    return P.generate(w.ratio, w.rid, w.seq_cpu, w.ext_cpu, w.r2t, w.f2s, C.SWA_PAGE, w.ring,
+    return P.generate(w.compress_ratio, w.rid, w.seq_lens_cpu, w.extend_lens_cpu, w.req_to_token, w.full_to_state, C.SWA_PAGE, w.ring,
                       w.num_q, use_cuda_graph=padded, use_req_ring=w.use_req_ring)
 
 
@@ -69,25 +70,25 @@ def compress_fn(w: C.World, plan, out: torch.Tensor) -> Callable[[], Any]:
     import dsv4_ops
 
     return lambda: dsv4_ops.compress_forward(w.state, w.kv_in, w.ape, plan, head_dim=w.head_dim,
-                                             compress_ratio=w.ratio, out=out, is_online=w.online)
+                                             compress_ratio=w.compress_ratio, out=out, is_online=w.is_online)
 
 
 def decode_bytes(w: C.World) -> Tuple[int, Dict[str, Any]]:
-    if w.online:
-        k = w.online_decode_counts()
+    if w.is_online:
+        k = C.online_decode_counts(w)
         return (C.bytes_online_decode_compress(w, k["n_state_read"], k["n_state_write"],
                                                k["n_close"]),
                 {"n_compressed": k["n_close"]})
-    n = w.decode_closing()
+    n = C.decode_closing(w)
     return C.bytes_decode_compress(w, n), {"n_compressed": n}
 
 
 def prefill_bytes(w: C.World) -> Tuple[int, Dict[str, Any]]:
-    if w.online:
-        k = w.online_prefill_counts()
+    if w.is_online:
+        k = C.online_prefill_counts(w)
         return (C.bytes_online_prefill_compress(w, k["n_c"], k["n_w"], k["n_merge"]),
                 {"n_compressed": k["n_c"], "n_write": k["n_w"], "n_merge": k["n_merge"]})
-    k = w.prefill_counts()
+    k = C.prefill_counts(w)
     return (C.bytes_prefill_compress(w, k["n_c"], k["state_slots_read"], k["n_w"]),
             {"n_compressed": k["n_c"], "n_write": k["n_w"],
              "state_slots_read": k["state_slots_read"]})
@@ -98,7 +99,7 @@ def decode_case(ctx, name, hd, ratio, bs, pattern, state_dtype, online=False,
     seqs = C.decode_lengths(bs, pattern, ratio, C.case_seed(name))
     w = make_world(ctx, name, hd, ratio, [(s, 1) for s in seqs], state_dtype, online, input_dtype)
     plan = decode_plan(w)
-    out = torch.empty(w.bs, hd, dtype=w.input_dtype, device=w.device)
+    out = torch.empty(w.batch_size, hd, dtype=w.input_dtype, device=w.device)
     nbytes, extra = decode_bytes(w)
     ref = None if online else C.ref_pool_fn(ctx, w, extra["n_compressed"], per_request=False)
     return [C.measure(ctx, name, "compress_decode", compress_fn(w, plan, out), nbytes, ref_fn=ref,
@@ -117,7 +118,7 @@ def prefill_case(ctx, name, hd, ratio, reqs, state_dtype, online=False, padded=F
     nbytes += (n_rows - extra["n_compressed"]) * hd * out.element_size()  # invalid rows: zeros
     ref = C.ref_pool_fn(ctx, w, extra["n_compressed"], per_request=True)
     return [C.measure(ctx, name, "compress_prefill", compress_fn(w, plan, out), nbytes,
-                      big=w.num_q >= 4096, ref_fn=ref, bs=w.bs, num_q=w.num_q, check=check,
+                      big=w.num_q >= 4096, ref_fn=ref, bs=w.batch_size, num_q=w.num_q, check=check,
                       **extra)]
 
 

@@ -36,8 +36,9 @@ PREFILL_KINDS = [("c4_paged", 4), ("c128_ring", 128), ("online_c128", 128)]
 
 def _world(ctx: C.Context, name: str, kind: str, ratio: int, reqs) -> C.World:
     # head_dim does not matter to planners; 128 keeps the (unused, unfilled) buffers small
-    return C.World(ratio=ratio, head_dim=128, reqs=reqs, device=ctx.device, seed=C.case_seed(name),
-                   online=kind.startswith("online"), use_req_ring=kind == "c4_legacy", fill=False)
+    return C.make_world(ratio=ratio, head_dim=128, reqs=reqs, device=ctx.device,
+                        seed=C.case_seed(name), online=kind.startswith("online"),
+                        use_req_ring=kind == "c4_legacy", fill=False)
 
 
 def _count_check(got: Tuple[int, int], want: Tuple[int, int]) -> str:
@@ -51,11 +52,11 @@ def decode_case(ctx: C.Context, name: str, kind: str, ratio: int, bs: int) -> Li
     w = _world(ctx, name, kind, ratio, [(s, 1) for s in seqs])
     P = dsv4_ops.CompressorDecodePlan
     if kind == "online_c128":
-        fn = lambda: P.generate_online(w.seq, w.rid, w.r2t, state_slot_offset=0)  # noqa: E731
+        fn = lambda: P.generate_online(w.seq_lens, w.rid, w.req_to_token, state_slot_offset=0)  # noqa: E731
     elif kind == "c4_legacy":
-        fn = lambda: P.generate_legacy(ratio, w.rid, w.seq)  # noqa: E731
+        fn = lambda: P.generate_legacy(ratio, w.rid, w.seq_lens)  # noqa: E731
     else:
-        fn = lambda: P.generate(ratio, w.rid, w.r2t, w.f2s, w.seq, C.SWA_PAGE, w.ring,  # noqa: E731
+        fn = lambda: P.generate(ratio, w.rid, w.req_to_token, w.full_to_state, w.seq_lens, C.SWA_PAGE, w.ring,  # noqa: E731
                                 use_req_ring=False)
     plan = fn()
     check = ("ok" if tuple(plan.plan_d.shape) == (bs, 16)
@@ -71,30 +72,30 @@ def prefill_case(ctx: C.Context, name: str, kind: str, ratio: int, reqs) -> List
     P = dsv4_ops.CompressorPrefillPlan
     online = kind == "online_c128"
     if online:
-        k = w.online_prefill_counts()
+        k = C.online_prefill_counts(w)
         nbytes = C.bytes_online_prefill_plan(w, k["n_c"], k["n_w"])
 
         def gen(seq, ext, graph):
-            return P.generate_online(seq, ext, w.rid, w.r2t, w.num_q, use_cuda_graph=graph)
+            return P.generate_online(seq, ext, w.rid, w.req_to_token, w.num_q, use_cuda_graph=graph)
     else:
-        k = w.prefill_counts()
+        k = C.prefill_counts(w)
         nbytes = C.bytes_prefill_plan(w, k["n_c"], k["n_w"])
 
         def gen(seq, ext, graph):
-            return P.generate(ratio, w.rid, seq, ext, w.r2t, w.f2s, C.SWA_PAGE, w.ring, w.num_q,
+            return P.generate(ratio, w.rid, seq, ext, w.req_to_token, w.full_to_state, C.SWA_PAGE, w.ring, w.num_q,
                               use_cuda_graph=graph, use_req_ring=False)
 
     want = (k["n_c"], k["n_w"])
-    host = gen(w.seq_cpu, w.ext_cpu, False)
+    host = gen(w.seq_lens_cpu, w.extend_lens_cpu, False)
     check_host = _count_check((host.plan_c.shape[0], host.plan_w.shape[0]), want)
-    dev = gen(w.seq, w.ext, True)
+    dev = gen(w.seq_lens, w.extend_lens, True)
     check_dev = _count_check(tuple(int(x) for x in dev.counts.cpu().tolist()), want)
     big = w.num_q >= 4096
-    extra = dict(bs=w.bs, num_q=w.num_q, n_compress=k["n_c"], n_write=k["n_w"])
-    rows = [C.measure(ctx, name, "plan_prefill_hostlens", lambda: gen(w.seq_cpu, w.ext_cpu, False),
+    extra = dict(bs=w.batch_size, num_q=w.num_q, n_compress=k["n_c"], n_write=k["n_w"])
+    rows = [C.measure(ctx, name, "plan_prefill_hostlens", lambda: gen(w.seq_lens_cpu, w.extend_lens_cpu, False),
                       nbytes, big=big, cold=False, wall=True, graph=False, check=check_host,
                       **extra)]
-    rows.append(C.measure(ctx, name, "plan_prefill_devlens", lambda: gen(w.seq, w.ext, True),
+    rows.append(C.measure(ctx, name, "plan_prefill_devlens", lambda: gen(w.seq_lens, w.extend_lens, True),
                           nbytes, big=big, check=check_dev, **extra))
     return rows
 

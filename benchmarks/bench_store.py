@@ -7,7 +7,7 @@ store: the compressed tokens of the compress cases, per cache format:
   window ("bnd"; plus "rand" at the largest batch: mostly inactive rows, which must write
   nothing) and prefill 8x4096, 1x32768, 4x(2000+2048). The kv input is random fp32 [N, hd],
   the norm weights fp32, out_loc int64; "_bf16w_i32loc" cases: bf16 weights, int32 out_loc.
-  Speed-up column: dsv4_ops.reference.store (float64 norm/rope, torch's own fp8/bf16
+  Speed-up column: dsv4_ops.testing.reference.store (float64 norm/rope, torch's own fp8/bf16
   conversions, index scatter) of the same tokens.
 step: one decode step of one request, compress_forward then compress_norm_rope_store, for
   every combo and format (and the online cr128 state), closing a window ("bnd") or not
@@ -35,8 +35,6 @@ STEP_FAMILY = "step"
 # (store format, head_dim, ratio)
 STORE_CASES = [("fp8_ds_mla", 512, 4), ("fp8_ds_mla", 512, 128), ("bf16", 512, 4),
                ("fp8_indexer", 128, 4), ("fp4_indexer", 128, 4)]
-# token data bytes at the start of a page (SPEC 4), scales follow
-STORE_DATA_BYTES = {"fp8_ds_mla": 576, "bf16": 1024, "fp8_indexer": 128, "fp4_indexer": 64}
 # Stores fed bf16 norm weights and int32 out_loc, as a serving engine may (the fp32 / int64 cases
 # above are the reference engine harness's): decode 8 closing rows and the first prefill. The
 # kernel's round of input loads is laid out per dtype (store_kernels.cuh, load_bits).
@@ -54,31 +52,33 @@ def store_fn(w: C.World, kv: torch.Tensor, plan, store_format: str, narrow: bool
 
     cache = w.kvcache(store_format)
     flags = C.store_flags(store_format)
-    norm_w = w.norm_w.to(torch.bfloat16) if narrow else w.norm_w
+    norm_w = w.norm_weight.to(torch.bfloat16) if narrow else w.norm_weight
     out_loc = w.out_loc.to(torch.int32) if narrow else w.out_loc
     return lambda: dsv4_ops.compress_norm_rope_store(
         kv, plan, norm_weight=norm_w, norm_eps=C.NORM_EPS, freq_cis=w.freqs, out_loc=out_loc,
-        kvcache=cache, page_size=w.kv_page_size, **flags)
+        kvcache=cache, page_size=w.cache_page_size, **flags)
 
 
 def written_slots(w: C.World, store_format: str) -> int:
     """Cache slots whose token data is not all zero (the cache starts zeroed)."""
+    import dsv4_ops
+
     cache = w.kvcache(store_format)
-    per_tok = STORE_DATA_BYTES[store_format]
-    ps = w.kv_page_size
+    per_tok = dsv4_ops.STORE_FORMATS[store_format].data_bytes  # token data first, then scales
+    ps = w.cache_page_size
     view = cache[:, : ps * per_tok].reshape(cache.shape[0], ps, per_tok)
     return int((view != 0).any(dim=-1).sum())
 
 
 def _store_case(ctx, name, fmt, hd, ratio, reqs, decode: bool, padded: bool = False,
                 narrow: bool = False) -> List[Dict[str, Any]]:
-    w = C.World(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device, seed=C.case_seed(name),
-                fill=False)
+    w = C.make_world(ratio=ratio, head_dim=hd, reqs=reqs, device=ctx.device,
+                     seed=C.case_seed(name), fill=False)
     plan = decode_plan(w) if decode else prefill_plan(w, padded)
     n_rows = plan[1].shape[0]
     kv = torch.randn(n_rows, hd, device=w.device,
                      generator=torch.Generator(device=w.device).manual_seed(7))
-    n_tok = w.decode_closing() if decode else w.prefill_counts()["n_c"]
+    n_tok = C.decode_closing(w) if decode else C.prefill_counts(w)["n_c"]
     fn = store_fn(w, kv, plan, fmt, narrow)
     fn()
     got = written_slots(w, fmt)
@@ -86,7 +86,7 @@ def _store_case(ctx, name, fmt, hd, ratio, reqs, decode: bool, padded: bool = Fa
     ref = C.ref_store_fn(ctx, w, kv, fmt)
     op = "store_decode" if decode else "store_prefill"
     return [C.measure(ctx, name, op, fn, C.bytes_store(w, n_tok, n_rows, fmt), big=w.num_q >= 4096,
-                      ref_fn=ref, bs=w.bs, n_compressed=n_tok, store_format=fmt, check=check)]
+                      ref_fn=ref, bs=w.batch_size, n_compressed=n_tok, store_format=fmt, check=check)]
 
 
 def _decode_store_case(ctx, tag, fmt, hd, r, bs, pat, narrow=False):
@@ -124,10 +124,10 @@ def store_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, A
 
 def _step_case(ctx, name, hd, ratio, fmt, online, pattern) -> List[Dict[str, Any]]:
     seqs = C.decode_lengths(1, pattern, ratio, C.case_seed(name))
-    w = C.World(ratio=ratio, head_dim=hd, reqs=[(s, 1) for s in seqs], device=ctx.device,
-                seed=C.case_seed(name), online=online)
+    w = C.make_world(ratio=ratio, head_dim=hd, reqs=[(s, 1) for s in seqs], device=ctx.device,
+                     seed=C.case_seed(name), online=online)
     plan = decode_plan(w)
-    out = torch.empty(w.bs, hd, dtype=w.input_dtype, device=w.device)
+    out = torch.empty(w.batch_size, hd, dtype=w.input_dtype, device=w.device)
     comp = compress_fn(w, plan, out)
     st = store_fn(w, out, plan, fmt)
 
@@ -136,7 +136,7 @@ def _step_case(ctx, name, hd, ratio, fmt, online, pattern) -> List[Dict[str, Any
         st()
 
     nb_c, extra = decode_bytes(w)
-    nbytes = nb_c + C.bytes_store(w, extra["n_compressed"], w.bs, fmt)
+    nbytes = nb_c + C.bytes_store(w, extra["n_compressed"], w.batch_size, fmt)
     return [C.measure(ctx, name, "decode_step", step, nbytes, store_format=fmt, bs=1, **extra)]
 
 

@@ -1,5 +1,6 @@
-"""Shared benchmark machinery: device timers, the copy-bandwidth ceiling, case "worlds"
-(page tables, state buffers, inputs, caches), minimum-traffic byte models, row/table helpers.
+"""Shared benchmark machinery: device timers, the copy-bandwidth ceiling, the cases' worlds
+(page tables, state buffers, inputs, caches: dsv4_ops.testing.worlds), minimum-traffic byte
+models, row/table helpers.
 
 Conventions
 -----------
@@ -37,9 +38,12 @@ import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
+
+if TYPE_CHECKING:  # dsv4_ops is imported where it is used: the runner reports a failing import
+    from dsv4_ops.testing.worlds import World
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,10 +52,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --------------------------------------------------------------------------------------
 FULL_PAGE = 256          # tokens per page of the full KV pool (req_to_token granularity)
 SWA_PAGE = 256           # swa_page_size
-RING = {4: 8, 128: 128}  # state ring rows per SWA page (cr 4) / per request (cr 128)
-WINDOW = {4: 8, 128: 128}
-ROW_FACTOR = {4: 4, 128: 2}  # kv_score row = factor * head_dim elements
-ROPE_DIM = 64
+SWA_TAIL = 8             # tokens before an extend that the SWA pool still holds
 NORM_EPS = 1e-6
 ROPE_THETA = 10000.0
 FLUSH_BYTES = 256 << 20
@@ -69,20 +70,18 @@ PREFILL_CASES = [
 SMOKE_DECODE_BS = [1, 8]
 SMOKE_PREFILL_CASES = [("p2x300", [(300, 300)] * 2), ("p2x200+100", [(300, 100)] * 2)]
 
-# store format -> (head_dim, bytes written per token: data + scales)
-STORE_TOKEN_BYTES = {"fp8_ds_mla": 584, "bf16": 1024, "fp8_indexer": 132, "fp4_indexer": 68}
-STORE_HEAD_DIM = {"fp8_ds_mla": 512, "bf16": 512, "fp8_indexer": 128, "fp4_indexer": 128}
 
 
 def log(*a: Any) -> None:
     print(*a, flush=True)
 
 
-def page_bytes(store_format: str, page_size: int) -> int:
-    """Bytes of one compressed-cache page of `page_size` tokens (SPEC 4)."""
-    if store_format == "fp8_ds_mla":
-        return -(-584 * page_size // 576) * 576
-    return STORE_TOKEN_BYTES[store_format] * page_size
+def store_token_bytes(store_format: str) -> int:
+    """Bytes a store writes per token: its data and its scale slot (contract 4)."""
+    import dsv4_ops
+
+    fmt = dsv4_ops.STORE_FORMATS[store_format]
+    return fmt.data_bytes + fmt.scale_stride
 
 
 def store_flags(store_format: str) -> Dict[str, bool]:
@@ -465,198 +464,83 @@ def case_seed(name: str) -> int:
     return zlib.crc32(name.encode()) % (1 << 30)
 
 
-class World:
-    """Everything one case's ops touch, on `device`.
+def make_world(*, ratio: int, head_dim: int, reqs: Sequence[Tuple[int, int]], device,
+               state_dtype: torch.dtype = torch.float32, input_dtype: torch.dtype = torch.float32,
+               seed: int = 0, online: bool = False, use_req_ring: bool = False,
+               spare_req_slots: int = 8, state_slot_offset: int = 0,
+               fill: bool = True) -> World:
+    """Everything one case's ops touch, on `device` (dsv4_ops.testing.worlds): a full pool of
+    256-token pages scattered over the requests, `spare_req_slots` spare request rows; the SWA
+    pool holds the extend range and the 8 tokens before it (everything else is -1 in
+    full_to_state); cr 4 state on SWA pages (or a request ring), cr 128 on a request ring,
+    online [slots, 3*hd]; random state and inputs (`fill` False leaves them uninitialised);
+    caches of one page per full page. ape, norm weight and RoPE table as the model has them."""
+    import dsv4_ops
+    from dsv4_ops.testing import worlds
 
-    * full KV pool of 256-token pages, scattered randomly over requests (page 0 unused);
-      req_to_token int32 [num_req_slots, max_ctx] with spare request rows;
-    * full_to_state int64: the SWA pages the ops touch (the extend range and the 8 tokens
-      before it) map to randomly permuted SWA pages of 256 tokens, everything else is -1;
-    * state buffer: cr 4 paged ring (8 rows per SWA page, or per request with use_req_ring),
-      cr 128 request ring (128 rows per request), online [slots, 1, 3*hd];
-    * inputs: kv_score rows [num_q, row] (fp32 by default), ape, RMSNorm weight, rope freqs;
-    * compressed KV cache per store format (built on first use): loc = full_loc // ratio,
-      page = 256 // ratio locs, so there are as many cache pages as full pages;
-    * out_loc int64 per query token: its compressed loc where a window closes, else -1.
-    """
+    assert all(1 <= e <= s for s, e in reqs), reqs
+    addressing = "online" if online else ("req_ring" if use_req_ring or ratio == 128
+                                          else "swa_paged")
+    comp = dsv4_ops.Compressor(ratio, head_dim, addressing=addressing, state_dtype=state_dtype)
+    return worlds.make_world(
+        device, comp, reqs, num_req_rows=len(reqs) + spare_req_slots, page_size=FULL_PAGE,
+        swa_page_size=SWA_PAGE, swa_tail=SWA_TAIL, state_slot_offset=state_slot_offset,
+        state_fill="randn" if fill else "empty", input_dtype=input_dtype, fill_inputs=fill,
+        max_pos=max(s for s, _ in reqs) + 1, seed=seed)
 
-    def __init__(self, *, ratio: int, head_dim: int, reqs: Sequence[Tuple[int, int]],
-                 device, state_dtype: torch.dtype = torch.float32,
-                 input_dtype: torch.dtype = torch.float32, seed: int = 0, online: bool = False,
-                 use_req_ring: bool = False, spare_req_slots: int = 8, state_slot_offset: int = 0,
-                 fill: bool = True):
-        assert ratio in (4, 128) and head_dim in (128, 512)
-        assert not online or ratio == 128
-        self.ratio, self.head_dim, self.online = ratio, head_dim, online
-        self.device = torch.device(device)
-        self.state_dtype, self.input_dtype = state_dtype, input_dtype
-        self.use_req_ring = bool(use_req_ring and ratio == 4)
-        self.paged = ratio == 4 and not self.use_req_ring and not online
-        self.ring = RING[ratio]
-        self.win = WINDOW[ratio]
-        self.state_slot_offset = state_slot_offset
-        self.reqs = [(int(s), int(e)) for s, e in reqs]
-        self.bs = len(self.reqs)
-        assert all(1 <= e <= s for s, e in self.reqs), self.reqs
-        g = torch.Generator().manual_seed(seed)
-        self.seq_cpu = torch.tensor([s for s, _ in self.reqs], dtype=torch.int64)
-        self.ext_cpu = torch.tensor([e for _, e in self.reqs], dtype=torch.int64)
-        self.num_q = int(self.ext_cpu.sum())
-        self.num_req_slots = self.bs + spare_req_slots
-        self.rid_cpu = torch.randperm(self.num_req_slots, generator=g)[: self.bs].to(torch.int64)
 
-        # full pool and req_to_token
-        pages_per_req = [-(-s // FULL_PAGE) for s, _ in self.reqs]
-        self.total_full_pages = 1 + sum(pages_per_req)
-        phys = torch.randperm(self.total_full_pages - 1, generator=g) + 1
-        max_ctx = max(pages_per_req) * FULL_PAGE
-        r2t = torch.zeros(self.num_req_slots, max_ctx, dtype=torch.int32)
-        in_page = torch.arange(FULL_PAGE, dtype=torch.int64)
-        first = 0
-        for b, n in enumerate(pages_per_req):
-            pages = phys[first: first + n]
-            first += n
-            r2t[self.rid_cpu[b], : n * FULL_PAGE] = (
-                pages[:, None] * FULL_PAGE + in_page).reshape(-1).to(torch.int32)
-        self.r2t_cpu = r2t
+# -- counts the byte models need (analytic, from SPEC 3.3 / 3.5; independent of the planner)
+def decode_closing(w: World) -> int:
+    return int((w.seq_lens_cpu % w.compress_ratio == 0).sum())
 
-        # full_to_state: only the SWA-live pages are mapped
-        live = []
-        for b, (s, e) in enumerate(self.reqs):
-            lo = max(0, s - e - 8)
-            live.append(r2t[self.rid_cpu[b], lo:s].to(torch.int64) // FULL_PAGE)
-        live_pages = torch.unique(torch.cat(live))
-        self.num_swa_pages = int(live_pages.numel())
-        swa_ids = torch.randperm(self.num_swa_pages, generator=g)
-        f2s = torch.full((self.total_full_pages * FULL_PAGE,), -1, dtype=torch.int64)
-        f2s[(live_pages[:, None] * FULL_PAGE + in_page).reshape(-1)] = (
-            swa_ids[:, None] * SWA_PAGE + in_page).reshape(-1)
-        self.f2s_cpu = f2s
 
-        # state buffer
-        hd = head_dim
-        self.row = ROW_FACTOR[ratio] * hd
-        if online:
-            self.state_shape = (self.num_req_slots + state_slot_offset, 1, 3 * hd)
-        elif ratio == 4:
-            n_slots = (self.num_req_slots if self.use_req_ring else self.num_swa_pages) * self.ring
-            n_slots = -(-(n_slots + self.ring + 1) // 4) * 4
-            self.state_shape = (n_slots // 4, 4, self.row)
+def prefill_counts(w: World) -> Dict[str, int]:
+    """Compress events, write events and state rows read by a prefill (SPEC 3.3)."""
+    r, win, ring = w.compress_ratio, w.window, w.ring
+    pad = ring - win + 2 if ring > win else 0
+    n_c = n_w = slots = 0
+    for s, e in w.requests:
+        pos = torch.arange(s - e, s, dtype=torch.int64)
+        j = pos - (s - e)
+        comp = (pos + 1) % r == 0
+        buf = win - torch.clamp(j[comp] + 1, max=win)
+        n_c += int(comp.sum())
+        if r == 4:  # the overlap half of the first window (s == 4) is absent, not read
+            has_ovl = (pos[comp] + 1 > 4).to(torch.int64)
+            slots += int((torch.clamp(buf, max=4) * has_ovl
+                          + torch.clamp(buf - 4, min=0)).sum())
         else:
-            self.state_shape = (self.num_req_slots + 1, 128, self.row)
+            slots += int(buf.sum())
+        last_c = s // r * r
+        first_w = min(last_c - (4 if r == 4 else 0), s - pad)
+        wr = pos >= first_w
+        if w.compressor.addressing == "swa_paged":
+            wr |= (pos % w.swa_page_size) >= w.swa_page_size - 4
+        n_w += int(wr.sum())
+    return {"n_c": n_c, "n_w": n_w, "state_slots_read": slots}
 
-        # per query token: position, request row, compressed-cache loc
-        pos, rid = [], []
-        for b, (s, e) in enumerate(self.reqs):
-            pos.append(torch.arange(s - e, s, dtype=torch.int64))
-            rid.append(torch.full((e,), int(self.rid_cpu[b]), dtype=torch.int64))
-        self.q_pos_cpu = torch.cat(pos)
-        self.q_rid_cpu = torch.cat(rid)
-        full_loc = r2t[self.q_rid_cpu, self.q_pos_cpu].to(torch.int64)
-        closes = (self.q_pos_cpu + 1) % ratio == 0
-        self.out_loc_cpu = torch.where(closes, full_loc // ratio, torch.full_like(full_loc, -1))
-        self.kv_page_size = FULL_PAGE // ratio
-        self._caches: Dict[str, torch.Tensor] = {}
-        self._alloc(fill, seed)
 
-    def _alloc(self, fill: bool, seed: int) -> None:
-        dev, hd = self.device, self.head_dim
-        self.rid = self.rid_cpu.to(dev)
-        self.r2t = self.r2t_cpu.to(dev)
-        self.f2s = self.f2s_cpu.to(dev)
-        self.seq = self.seq_cpu.to(dev)
-        self.ext = self.ext_cpu.to(dev)
-        self.out_loc = self.out_loc_cpu.to(dev)
-        gen = torch.Generator(device=dev).manual_seed(seed + 1)
+def online_decode_counts(w: World) -> Dict[str, int]:
+    q = (w.seq_lens_cpu - 1) % 128
+    n_close = int((q == 127).sum())
+    return {"n_close": n_close, "n_state_read": int((q != 0).sum()),
+            "n_state_write": w.batch_size - n_close}
 
-        def rnd(shape, dtype, scale=1.0, shift=0.0, big=False):
-            if big and not fill:  # state / inputs a case does not read: leave them empty
-                return torch.empty(shape, dtype=dtype, device=dev)
-            return (torch.randn(shape, dtype=torch.float32, device=dev, generator=gen) * scale
-                    + shift).to(dtype)
 
-        self.state = rnd(self.state_shape, self.state_dtype, big=True)
-        if self.online and fill:  # a plausible running state: S > 0
-            self.state[..., hd:2 * hd].abs_().add_(1.0)
-        self.kv_in = rnd((self.num_q, self.row), self.input_dtype, big=True)
-        self.ape = rnd((self.win, hd), torch.float32, 0.5)
-        self.norm_w = rnd((hd,), torch.float32, 0.1, 1.0)
-        max_pos = int(self.seq_cpu.max()) + 1
-        inv = 1.0 / (ROPE_THETA ** (torch.arange(0, ROPE_DIM, 2, dtype=torch.float64) / ROPE_DIM))
-        ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
-        # [max_pos, 32]
-        self.freqs = torch.polar(torch.ones_like(ang), ang).to(torch.complex64).to(dev)
-        self.freqs_real = torch.view_as_real(self.freqs).reshape(max_pos, 2 * (ROPE_DIM // 2))
-
-    def kvcache(self, store_format: str) -> torch.Tensor:
-        """uint8 [total_full_pages, page_bytes] cache of `store_format` (zeros, made once)."""
-        assert STORE_HEAD_DIM[store_format] == self.head_dim, (store_format, self.head_dim)
-        if store_format not in self._caches:
-            self._caches[store_format] = torch.zeros(
-                (self.total_full_pages, page_bytes(store_format, self.kv_page_size)),
-                dtype=torch.uint8, device=self.device)
-        return self._caches[store_format]
-
-    def nbytes(self) -> int:
-        ts = [self.state, self.kv_in, self.r2t, self.f2s] + list(self._caches.values())
-        return sum(t.numel() * t.element_size() for t in ts)
-
-    # -- counts the byte models need (analytic, from SPEC 3.3 / 3.5; independent of the planner)
-    def decode_closing(self) -> int:
-        return int((self.seq_cpu % self.ratio == 0).sum())
-
-    def prefill_counts(self) -> Dict[str, int]:
-        """Compress events, write events and state rows read by a prefill (SPEC 3.3)."""
-        r, win = self.ratio, self.win
-        pad = self.ring - win + 2 if self.ring > win else 0
-        n_c = n_w = slots = 0
-        for s, e in self.reqs:
-            pos = torch.arange(s - e, s, dtype=torch.int64)
-            j = pos - (s - e)
-            comp = (pos + 1) % r == 0
-            buf = win - torch.clamp(j[comp] + 1, max=win)
-            n_c += int(comp.sum())
-            if r == 4:  # the overlap half of the first window (s == 4) is absent, not read
-                has_ovl = (pos[comp] + 1 > 4).to(torch.int64)
-                slots += int((torch.clamp(buf, max=4) * has_ovl
-                              + torch.clamp(buf - 4, min=0)).sum())
+def online_prefill_counts(w: World) -> Dict[str, int]:
+    n_c = n_w = n_merge = 0
+    for s, e in w.requests:
+        a = s - e
+        while a < s:
+            end = min((a // 128 + 1) * 128, s)
+            if a % 128:
+                n_merge += 1
+            if end % 128 == 0:
+                n_c += 1
             else:
-                slots += int(buf.sum())
-            last_c = s // r * r
-            first_w = min(last_c - (4 if r == 4 else 0), s - pad)
-            wr = pos >= first_w
-            if self.paged:
-                wr |= (pos % SWA_PAGE) >= SWA_PAGE - 4
-            n_w += int(wr.sum())
-        return {"n_c": n_c, "n_w": n_w, "state_slots_read": slots}
-
-    def online_decode_counts(self) -> Dict[str, int]:
-        q = (self.seq_cpu - 1) % 128
-        n_close = int((q == 127).sum())
-        return {"n_close": n_close, "n_state_read": int((q != 0).sum()),
-                "n_state_write": self.bs - n_close}
-
-    def online_prefill_counts(self) -> Dict[str, int]:
-        n_c = n_w = n_merge = 0
-        for s, e in self.reqs:
-            a = s - e
-            while a < s:
-                end = min((a // 128 + 1) * 128, s)
-                if a % 128:
-                    n_merge += 1
-                if end % 128 == 0:
-                    n_c += 1
-                else:
-                    n_w += 1
-                a = end
-        return {"n_c": n_c, "n_w": n_w, "n_merge": n_merge}
-
-    def closing_tokens(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(rope positions, out_loc) of every compressed token this case makes, in plan order
-        (batch-major, position ascending): position = s - cr = first position of the window."""
-        closes = (self.q_pos_cpu + 1) % self.ratio == 0
-        pos = self.q_pos_cpu[closes] + 1 - self.ratio
-        return pos.to(self.device), self.out_loc_cpu[closes].to(self.device)
+                n_w += 1
+            a = end
+    return {"n_c": n_c, "n_w": n_w, "n_merge": n_merge}
 
 
 # --------------------------------------------------------------------------------------
@@ -666,9 +550,9 @@ def bytes_decode_compress(w: World, n_bnd: int) -> int:
     """Read every input row, the 2*hd (kv, score) elements of each window row of the n_bnd
     closing requests, ape, the plan; write every input row to the state and n_bnd outputs."""
     hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
-    read = (w.bs * w.row * inp + n_bnd * WINDOW[w.ratio] * 2 * hd * st + w.ape.numel() * 4
-            + w.bs * 16)
-    write = w.bs * w.row * st + n_bnd * hd * 4
+    read = (w.batch_size * w.kv_score_row_width * inp + n_bnd * w.window * 2 * hd * st + w.ape.numel() * 4
+            + w.batch_size * 16)
+    write = w.batch_size * w.kv_score_row_width * st + n_bnd * hd * 4
     return read + write
 
 
@@ -676,8 +560,8 @@ def bytes_prefill_compress(w: World, n_c: int, buf_slots: int, n_w: int) -> int:
     """Read every input row once, the state rows the windows need (2*hd elements each), ape,
     both plans; write the persisted rows and the n_c outputs."""
     hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
-    read = w.num_q * w.row * inp + buf_slots * 2 * hd * st + w.ape.numel() * 4 + n_c * 16 + n_w * 8
-    write = n_w * w.row * st + n_c * hd * 4
+    read = w.num_q * w.kv_score_row_width * inp + buf_slots * 2 * hd * st + w.ape.numel() * 4 + n_c * 16 + n_w * 8
+    write = n_w * w.kv_score_row_width * st + n_c * hd * 4
     return read + write
 
 
@@ -687,22 +571,24 @@ def bytes_store(w: World, n_tok: int, n_plan_rows: int, store_format: Optional[s
     the fp8 formats; bf16 / fp4 only change the bytes written per token.)"""
     hd = w.head_dim
     fmt = store_format or ("fp8_indexer" if hd == 128 else "fp8_ds_mla")
+    from dsv4_ops.testing.worlds import ROPE_DIM
+
     per_tok_read = hd * 4 + ROPE_DIM * 4 + 8
-    return n_tok * (per_tok_read + STORE_TOKEN_BYTES[fmt]) + n_plan_rows * 16 + hd * 4
+    return n_tok * (per_tok_read + store_token_bytes(fmt)) + n_plan_rows * 16 + hd * 4
 
 
 def bytes_decode_plan(w: World) -> int:
     """Per request: read rid and seq_len, write 16 bytes; SWA-paged cr 4 also looks up
     req_to_token (4 B) and full_to_state (8 B) for two positions."""
-    lookups = 0 if not w.paged else 2 * (4 + 8)
-    return w.bs * (8 + 8 + lookups + 16)
+    lookups = 0 if w.compressor.addressing != "swa_paged" else 2 * (4 + 8)
+    return w.batch_size * (8 + 8 + lookups + 16)
 
 
 def bytes_prefill_plan(w: World, n_c: int, n_w: int) -> int:
     """Per compress record 16 B (+ two slot lookups when SWA-paged), per write record 8 B
     (+ one lookup), per request 24 B of inputs."""
-    lookups = 0 if not w.paged else (4 + 8)
-    return n_c * (16 + 2 * lookups) + n_w * (8 + lookups) + w.bs * 24
+    lookups = 0 if w.compressor.addressing != "swa_paged" else (4 + 8)
+    return n_c * (16 + 2 * lookups) + n_w * (8 + lookups) + w.batch_size * 24
 
 
 # Online (cr 128 running state, SPEC 3.5): not in the peer harness; same rules.
@@ -711,28 +597,28 @@ def bytes_online_decode_compress(w: World, n_state_read: int, n_state_write: int
     """Read every input row, the 3*hd state of each request not restarting its chunk, ape,
     the plan; write the 3*hd state of each request not closing and the closing outputs."""
     hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
-    read = w.bs * w.row * inp + n_state_read * 3 * hd * st + w.ape.numel() * 4 + w.bs * 16
+    read = w.batch_size * w.kv_score_row_width * inp + n_state_read * 3 * hd * st + w.ape.numel() * 4 + w.batch_size * 16
     write = n_state_write * 3 * hd * st + n_close * hd * 4
     return read + write
 
 
 def bytes_online_prefill_compress(w: World, n_c: int, n_w: int, n_merge: int) -> int:
     hd, st, inp = w.head_dim, esize(w.state_dtype), esize(w.input_dtype)
-    read = w.num_q * w.row * inp + n_merge * 3 * hd * st + w.ape.numel() * 4 + (n_c + n_w) * 16
+    read = w.num_q * w.kv_score_row_width * inp + n_merge * 3 * hd * st + w.ape.numel() * 4 + (n_c + n_w) * 16
     write = n_w * 3 * hd * st + n_c * hd * 4
     return read + write
 
 
 def bytes_online_prefill_plan(w: World, n_c: int, n_w: int) -> int:
-    return (n_c + n_w) * 16 + w.bs * 24
+    return (n_c + n_w) * 16 + w.batch_size * 24
 
 
 # --------------------------------------------------------------------------------------
-# Plain-PyTorch reference workloads (dsv4_ops.reference), for the speed-up column
+# Plain-PyTorch reference workloads (dsv4_ops.testing.reference), for the speed-up column
 # --------------------------------------------------------------------------------------
 def reference_module():
     try:
-        from dsv4_ops import reference  # noqa: WPS433
+        from dsv4_ops.testing import reference  # noqa: WPS433
         return reference
     except Exception:  # noqa: BLE001
         return None
@@ -746,19 +632,19 @@ def ref_pool_fn(ctx: Context, w: World, n_tokens: int, per_request: bool
     ref = reference_module()
     if ref is None or ctx.no_ref or n_tokens == 0:
         return None
-    r, hd = w.ratio, w.head_dim
+    r, hd = w.compress_ratio, w.head_dim
     if per_request:
-        if w.num_q * w.row > ctx.ref_max_elems:
+        if w.num_q * w.kv_score_row_width > ctx.ref_max_elems:
             return None
         chunks, first = [], 0
-        for _, e in w.reqs:
+        for _, e in w.requests:
             chunks.append(w.kv_in[first: first + e])
             first += e
         return lambda: [ref.compressed_tokens(c, w.ape, r, hd) for c in chunks]
     rows = n_tokens * r
-    if rows * w.row > ctx.ref_max_elems:
+    if rows * w.kv_score_row_width > ctx.ref_max_elems:
         return None
-    x = torch.randn(rows, w.row, device=w.device).to(w.input_dtype)
+    x = torch.randn(rows, w.kv_score_row_width, device=w.device).to(w.input_dtype)
     return lambda: ref.compressed_tokens(x, w.ape, r, hd)
 
 
@@ -774,8 +660,8 @@ def ref_store_fn(ctx: Context, w: World, kv: torch.Tensor, store_format: str
         return None
     cache = torch.zeros_like(w.kvcache(store_format))
     x = kv[:n]
-    return lambda: ref.store(cache, x, pos, locs, w.norm_w, NORM_EPS, w.freqs_real, store_format,
-                             w.kv_page_size)
+    return lambda: ref.store(cache, x, pos, locs, w.norm_weight, NORM_EPS, w.freqs_real, store_format,
+                             w.cache_page_size)
 
 
 # --------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any],
               "CUDA-graph replay; MB: minimum DRAM traffic; % copy: GB/s over the copy bandwidth; "
               "% same-size copy: GB/s over that of a copy moving the same bytes, timed the same "
               "way (cold rows of at least 1 MB: a short op pays the fixed costs a short copy "
-              "pays); x ref: dsv4_ops.reference time / dsv4_ops time.", ""]
+              "pays); x ref: dsv4_ops.testing.reference time / dsv4_ops time.", ""]
     lines += C.markdown_table(rows)
     if notes:
         lines += ["", "## notes", ""] + [f"- {n}" for n in notes]

@@ -1,21 +1,28 @@
 """dsv4_ops: DeepSeek-V4 KV-cache compressor kernels as PyTorch custom operators.
 
     import dsv4_ops                       # registers torch.ops.dsv4.*
+    state = dsv4_ops.state_buffer(4, 512, num_slots)       # buffers sized by dsv4_ops.layout
+    cache = dsv4_ops.kv_cache("fp8_ds_mla", num_pages, page_size=64)
     plan = dsv4_ops.CompressorDecodePlan.generate(...)
     kv = dsv4_ops.compress_forward(state, kv_score, ape, plan, head_dim=512, compress_ratio=4)
     dsv4_ops.compress_norm_rope_store(kv, plan, norm_weight=w, norm_eps=1e-6, freq_cis=f,
                                       out_loc=loc, kvcache=cache, page_size=64)
 
-`dsv4_ops.reference` holds the plain-PyTorch oracle (imported on demand).
+`dsv4_ops.testing` holds the plain-PyTorch oracle (`dsv4_ops.testing.reference`), the
+simulated serving engine and the builder of test worlds; it is imported on demand.
 """
 from . import ops
 from .compressor import compress_forward, compress_norm_rope_store, store_format_of
+from .layout import (STORE_FORMATS, Compressor, StoreFormat, cache_page_bytes, kv_cache,
+                     kv_score_row_width, state_buffer, state_row_width, state_slots, window_size)
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 from .validate import set_debug, validate_compress, validate_store
 
 __all__ = [
     "ops", "CompressorDecodePlan", "CompressorPrefillPlan", "compress_forward",
     "compress_norm_rope_store", "store_format_of", "set_debug", "validate_compress",
-    "validate_store",
+    "validate_store", "STORE_FORMATS", "Compressor", "StoreFormat", "cache_page_bytes",
+    "kv_cache", "kv_score_row_width", "state_buffer", "state_row_width", "state_slots",
+    "window_size",
 ]
 __version__ = "0.1.0"

@@ -5,6 +5,7 @@ from typing import Optional, Union
 import torch
 
 from . import ops, validate
+from .layout import STORE_FORMATS
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 
 Plan = Union[CompressorDecodePlan, CompressorPrefillPlan]
@@ -33,17 +34,18 @@ def compress_forward(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor
 
 
 def store_format_of(head_dim: int, use_fp4: bool = False, bf16_store: bool = False) -> str:
-    """The cache format compress_norm_rope_store writes for this head_dim and flags."""
-    if head_dim == 512:
-        if use_fp4:
-            raise ValueError("dsv4.compress_norm_rope_store: use_fp4 needs head_dim 128 (indexer)")
+    """The cache format compress_norm_rope_store writes for this head_dim and flags (a key of
+    dsv4_ops.STORE_FORMATS)."""
+    if head_dim not in {f.head_dim for f in STORE_FORMATS.values()}:
+        raise ValueError(f"dsv4.compress_norm_rope_store: kv.shape[1] (head_dim) must be 128 or "
+                         f"512, got {head_dim}")
+    if use_fp4 and head_dim != STORE_FORMATS["fp4_indexer"].head_dim:
+        raise ValueError("dsv4.compress_norm_rope_store: use_fp4 needs head_dim 128 (indexer)")
+    if bf16_store and head_dim != STORE_FORMATS["bf16"].head_dim:
+        raise ValueError("dsv4.compress_norm_rope_store: bf16_store needs head_dim 512")
+    if head_dim == STORE_FORMATS["fp8_ds_mla"].head_dim:
         return "bf16" if bf16_store else "fp8_ds_mla"
-    if head_dim == 128:
-        if bf16_store:
-            raise ValueError("dsv4.compress_norm_rope_store: bf16_store needs head_dim 512")
-        return "fp4_indexer" if use_fp4 else "fp8_indexer"
-    raise ValueError(f"dsv4.compress_norm_rope_store: kv.shape[1] (head_dim) must be 128 or 512, "
-                     f"got {head_dim}")
+    return "fp4_indexer" if use_fp4 else "fp8_indexer"
 
 
 def freqs_as_real(freq_cis: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ try:
     import dsv4_ops  # noqa: F401
 except ImportError:  # run from a source checkout without installing: use the in-place build
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dsv4_ops.simulate import ServingSimulator, deepseek_v4_compressors  # noqa: E402
+from dsv4_ops.testing.simulate import ServingSimulator, deepseek_v4_compressors  # noqa: E402
 
 SHORT = {"c4_indexer_fp8": "idx-fp8", "c4_indexer_fp4": "idx-fp4", "c4_main": "c4",
          "c128_main": "c128"}

@@ -66,7 +66,7 @@ def test_compiled_decode_step_equals_eager(device, dynamic, cr, hd, fp4):
     fmt = dsv4_ops.store_format_of(hd, use_fp4=fp4)
     cache = w.kvcache(fmt)
     args = [w.state, w.kv_in, w.ape, w.rid, w.req_to_token, w.full_to_state, w.seq_lens,
-            w.norm_weight, w.freqs, w.out_loc(2), cache]
+            w.norm_weight, w.freqs, w.out_loc, cache]
     fn = lambda *a: decode_step(*a, cr=cr, hd=hd, ring=w.ring, page_size=w.cache_page_size,  # noqa: E731
                                 fmt_fp4=fp4)
     assert_same_run(fn, _compiled(fn, dynamic), args, state_i=0, cache_i=10)

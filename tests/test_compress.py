@@ -7,75 +7,30 @@ fed the way an engine feeds them (prefill from scratch, unaligned extends, decod
 compressed token is compared with the pooled value of the whole sequence, every state row with
 the exact bytes it must hold, and every row no plan addresses must stay untouched.
 """
-import math
 import struct
 
 import pytest
 import torch
 
 import dsv4_ops  # noqa: F401  (registers torch.ops.dsv4)
+from dsv4_ops import kv_score_row_width, window_size
+from dsv4_ops.testing import reference
 
-try:  # the project's oracle (plain PyTorch, float64) once it is on this branch
-    from dsv4_ops import reference as _project_ref
-except ImportError:  # pragma: no cover - until main's reference.py is merged
-    _project_ref = None
-
+# ---------------------------------------------------------------------------------------------
+# the float64 oracle (SPEC 1.2 / 3.5): dsv4_ops.testing.reference, whole sequences, no plans
+# ---------------------------------------------------------------------------------------------
 OP = torch.ops.dsv4.compress_forward
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 NEG = -torch.finfo(torch.float32).max
 
 
-def win_of(cr):
-    return 8 if cr == 4 else 128
-
-
-def row_of(cr, hd):
-    return 4 * hd if cr == 4 else 2 * hd
-
-
-# ---------------------------------------------------------------------------------------------
-# float64 oracle (SPEC 1.2 / 3.5), whole sequences, no plans
-# ---------------------------------------------------------------------------------------------
-def _local_compressed_tokens(kv_score, ape, cr, hd):
-    x = kv_score.double().cpu()
-    a = ape.double().cpu()
-    n = x.shape[0] // cr
-    if n == 0:
-        return torch.zeros(0, hd, dtype=torch.float64)
-    if cr == 128:
-        w = x[: n * 128].view(n, 128, 2 * hd)
-        z = w[..., hd:] + a
-        return (torch.softmax(z, dim=1) * w[..., :hd]).sum(1)
-    cur = x[: n * 4].view(n, 4, 4 * hd)
-    prev = torch.cat([torch.zeros(1, 4, 4 * hd, dtype=torch.float64), cur[:-1]])
-    kv = torch.cat([prev[..., :hd], cur[..., hd:2 * hd]], dim=1)
-    z = torch.cat([prev[..., 2 * hd:3 * hd] + a[:4], cur[..., 3 * hd:] + a[4:]], dim=1)
-    z[0, :4] = -math.inf  # first window: rows 0..3 do not exist
-    return (torch.softmax(z, dim=1) * kv).sum(1)
-
-
-def _local_online_state(kv_score, ape, hd):
-    x = kv_score.double().cpu()
-    L = x.shape[0]
-    c0 = ((L - 1) // 128) * 128
-    seg = x[c0:L]
-    z = seg[:, hd:] + ape.double().cpu()[: L - c0]
-    m = z.max(0).values
-    e = torch.exp(z - m)
-    S = e.sum(0)
-    return m, S, (e * seg[:, :hd]).sum(0) / S
-
-
 def ref_tokens(kv_score, ape, cr, hd):
-    if _project_ref is not None:
-        return _project_ref.compressed_tokens(kv_score.cpu(), ape.cpu(), cr, hd).double().cpu()
-    return _local_compressed_tokens(kv_score, ape, cr, hd)
+    """Every compressed token of one request's kv_score rows (the oracle, float64, host)."""
+    return reference.compressed_tokens(kv_score.cpu(), ape.cpu(), cr, hd).double()
 
 
 def ref_online_state(kv_score, ape, hd):
-    if _project_ref is not None:
-        return tuple(t.double().cpu() for t in _project_ref.online_state(kv_score.cpu(), ape.cpu(), hd))
-    return _local_online_state(kv_score, ape, hd)
+    return tuple(t.double() for t in reference.online_state(kv_score.cpu(), ape.cpu(), hd))
 
 
 def pool64(kv, score, ape, present):
@@ -144,7 +99,7 @@ def plan_decode(addr, cr, reqs):
 def plan_prefill(addr, cr, reqs):
     """SPEC 3.3 (request ring: no band rule); reqs: (rid, seq_len, extend_len).
     Returns (compress records, their rids, write records)."""
-    win = win_of(cr)
+    win = window_size(cr)
     pad = addr.ring - win + 2 if addr.ring > win else 0
     C, rids, W = [], [], []
     base = 0
@@ -224,7 +179,7 @@ def assert_rows_close(got, ref, odt, what, rtol=None, atol=None):
 
 
 def random_rows(gen, n, cr, hd, exact_bf16):
-    x = torch.randn(n, row_of(cr, hd), generator=gen)
+    x = torch.randn(n, kv_score_row_width(cr, hd), generator=gen)
     # scores a little wider than kv so the softmax is not flat
     sc = slice(2 * hd, 4 * hd) if cr == 4 else slice(hd, 2 * hd)
     x[:, sc] *= 2.0
@@ -239,16 +194,16 @@ class OfflineSim:
                  n_req=4, max_len=64, seed=0):
         self.dev, self.cr, self.hd = device, cr, hd
         self.sdt, self.idt, self.odt = sdt, idt, odt
-        self.row = row_of(cr, hd)
+        self.row = kv_score_row_width(cr, hd)
         gen = torch.Generator().manual_seed(seed)
         # bf16 anywhere: make every value bf16-exact so state stores are lossless and the
         # oracle sees exactly what the kernel sees
         exact = BF16 in (sdt, idt)
         self.X = [random_rows(gen, max_len, cr, hd, exact) for _ in range(n_req)]
-        self.ape = (torch.randn(win_of(cr), hd, generator=gen) * 0.5).to(adt)
+        self.ape = (torch.randn(window_size(cr), hd, generator=gen) * 0.5).to(adt)
         self.ape_dev = self.ape.to(device)
         self.ref = [ref_tokens(x, self.ape, cr, hd) for x in self.X]
-        ring = ring if ring is not None else (8 if cr == 4 else 128)
+        ring = ring if ring is not None else window_size(cr)
         self.addr = Addr(cr, ring, n_req, gen)
         garbage = torch.randn(self.addr.num_pages, cr, self.row, generator=gen).to(sdt)
         self.state = garbage.to(device)
@@ -387,12 +342,12 @@ def test_prefill_long_single_request(device):
 # ---------------------------------------------------------------------------------------------
 def _state(device, pages, cr, hd, dt=F32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(pages, cr, row_of(cr, hd), generator=g).to(dt).to(device)
+    return torch.randn(pages, cr, kv_score_row_width(cr, hd), generator=g).to(dt).to(device)
 
 
 def _ape(cr, hd, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(win_of(cr), hd, generator=g) * 0.5
+    return torch.randn(window_size(cr), hd, generator=g) * 0.5
 
 
 def _quarters(cr, hd, r):
@@ -461,7 +416,7 @@ def test_decode_uses_state_rounded_new_row(device, cr):
     st = _state(device, 4, cr, hd, BF16, seed=2)
     ape = _ape(cr, hd)
     g = torch.Generator().manual_seed(8)
-    new = torch.randn(1, row_of(cr, hd), generator=g) * 1.001
+    new = torch.randn(1, kv_score_row_width(cr, hd), generator=g) * 1.001
     page = 2
     wl = page * cr + cr - 1
     plan = pack_decode([(cr * 5, wl, 1, page)])
@@ -469,14 +424,14 @@ def test_decode_uses_state_rounded_new_row(device, cr):
     before = st.clone().cpu()
     OP(st, new.to(device), ape.to(device), plan.to(device), None, out, hd, cr, False)
     exp = before.clone()
-    exp.view(-1, row_of(cr, hd))[wl] = new[0].to(BF16)
-    assert_bits_equal(st.view(-1, row_of(cr, hd)), exp.view(-1, row_of(cr, hd)), "state")
-    flat = exp.view(-1, row_of(cr, hd)).float()
+    exp.view(-1, kv_score_row_width(cr, hd))[wl] = new[0].to(BF16)
+    assert_bits_equal(st.view(-1, kv_score_row_width(cr, hd)), exp.view(-1, kv_score_row_width(cr, hd)), "state")
+    flat = exp.view(-1, kv_score_row_width(cr, hd)).float()
     if cr == 4:
         rows = [flat[1 * 4 + i] for i in range(4)] + [flat[page * 4 + i] for i in range(4)]
     else:
         rows = [flat[page * 128 + i] for i in range(128)]
-    ref = _pool_rows(cr, hd, rows, ape, [True] * win_of(cr))
+    ref = _pool_rows(cr, hd, rows, ape, [True] * window_size(cr))
     assert_rows_close(out[0], ref, F32, "decode with rounded row")
 
 
@@ -487,7 +442,7 @@ def _check_mixed_decode_batch(device, cr, hd, batch, sdt=F32, idt=F32,
     token's, rounded to the state dtype) and steps that write nothing (kind_of(b): by default
     every kind in every group of four); state rows and outputs are checked against the
     reference."""
-    row = row_of(cr, hd)
+    row = kv_score_row_width(cr, hd)
     g = torch.Generator().manual_seed(21)
     pages = (2 if cr == 4 else 1) * batch + 3  # every event reads and writes pages of its own
     st = _state(device, pages, cr, hd, sdt, seed=4)
@@ -521,7 +476,7 @@ def _check_mixed_decode_batch(device, cr, hd, batch, sdt=F32, idt=F32,
             rows = [exp[p0 * 4 + i] for i in range(4)] + [exp[p1 * 4 + i] for i in range(4)]
         else:
             rows = [exp[p1 * 128 + i] for i in range(128)]
-        ref = _pool_rows(cr, hd, rows, ape, [True] * win_of(cr))
+        ref = _pool_rows(cr, hd, rows, ape, [True] * window_size(cr))
         assert_rows_close(out[b], ref, F32, f"event {b} s={s} write_loc={wl}")
 
 
@@ -581,13 +536,13 @@ def test_c128_decode_uneven_closings(device):
 @pytest.mark.parametrize("cr", [4, 128])
 def test_negative_and_out_of_range_are_skipped(device, cr):
     hd = 128
-    row = row_of(cr, hd)
+    row = kv_score_row_width(cr, hd)
     pages = 3
     st = _state(device, pages, cr, hd, seed=4)
     before = st.clone().cpu()
     ape = _ape(cr, hd)
     g = torch.Generator().manual_seed(9)
-    win = win_of(cr)
+    win = window_size(cr)
     # decode: write_loc -1 / past the buffer, pages -1 / past the buffer -> nothing written,
     # absent rows -> zeros
     inp = torch.randn(3, row, generator=g)
@@ -636,12 +591,12 @@ def test_prefill_compress_reads_before_writes(device, cr):
     """A write of this batch lands in a slot a compress of the same batch reads from the state:
     the compress must see the old row."""
     hd = 128
-    row = row_of(cr, hd)
+    row = kv_score_row_width(cr, hd)
     st = _state(device, 2, cr, hd, seed=12)
     before = st.clone().cpu()
     ape = _ape(cr, hd)
     g = torch.Generator().manual_seed(13)
-    win = win_of(cr)
+    win = window_size(cr)
     T = win
     inp = torch.randn(T, row, generator=g)
     bl = 4 if cr == 4 else 64
@@ -670,7 +625,7 @@ def test_minus_inf_logits_weigh_zero(device, cr):
     """Rows whose score is -inf weigh 0 (softmax's rule next to finite rows); channels whose
     rows are all -inf pool to 0 (the README's decision: softmax itself gives NaN there)."""
     hd = 128
-    win, row = win_of(cr), row_of(cr, hd)
+    win, row = window_size(cr), kv_score_row_width(cr, hd)
     g = torch.Generator().manual_seed(31)
     inp = torch.randn(2 * win, row, generator=g)
     ape = _ape(cr, hd)
@@ -698,7 +653,7 @@ def test_prefill_many_row_writes(device, cr):
     """More valid plan_w records than the GPU's write groups (2048), invalid records mixed in,
     then padding: every valid row lands, nothing else changes."""
     hd = 128
-    row = row_of(cr, hd)
+    row = kv_score_row_width(cr, hd)
     n_valid, T = 5000, 9000
     pages = (2 * n_valid + cr - 1) // cr
     st = _state(device, pages, cr, hd, seed=21)
@@ -712,7 +667,7 @@ def test_prefill_many_row_writes(device, cr):
         if i % 5 == 0:
             recs.append(INVALID_W)
     plan_w = pack_write(recs, T)
-    plan_c = pack_compress([(2 * win_of(cr), win_of(cr) - 1, 0, -1, -1)])
+    plan_c = pack_compress([(2 * window_size(cr), window_size(cr) - 1, 0, -1, -1)])
     out = torch.empty((1, hd), device=device)
     OP(st, inp.to(device), _ape(cr, hd).to(device), plan_c.to(device), plan_w.to(device), out,
        hd, cr, False)
@@ -947,10 +902,10 @@ def test_online_merge_ignores_absent_state(device):
 # argument errors
 # ---------------------------------------------------------------------------------------------
 def _good_args(device, cr=4, hd=128, online=False):
-    row = 3 * hd if online else row_of(cr, hd)
+    row = 3 * hd if online else kv_score_row_width(cr, hd)
     st = torch.zeros(2, 1 if online else cr, row, device=device)
-    inp = torch.zeros(2, row_of(cr, hd), device=device)
-    ape = torch.zeros(win_of(cr), hd, device=device)
+    inp = torch.zeros(2, kv_score_row_width(cr, hd), device=device)
+    ape = torch.zeros(window_size(cr), hd, device=device)
     plan = pack_decode([(1, 0, 0, 0), (2, 1, 0, 0)]).to(device)
     out = torch.zeros(2, hd, device=device)
     return [st, inp, ape, plan, None, out, hd, cr, online]

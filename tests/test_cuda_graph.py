@@ -43,7 +43,7 @@ def test_decode_step_graph_replay_matches_eager():
     w128 = decode_world(dev, compress_ratio=128, head_dim=512)  # main
     c4, c128 = w4.kvcache("fp4_indexer"), w128.kvcache("fp8_ds_mla")
     static = dict(rid=w4.rid.clone(), seq4=w4.seq_lens.clone(), seq128=w128.seq_lens.clone(),
-                  loc=w4.out_loc(2).clone(), x4=w4.kv_in.clone(), x128=w128.kv_in.clone())
+                  loc=w4.out_loc.clone(), x4=w4.kv_in.clone(), x128=w128.kv_in.clone())
 
     def step():
         a = _decode(w4, static["x4"], static["rid"], static["seq4"], static["loc"], c4, fmt_fp4=True)
@@ -113,7 +113,7 @@ def test_reduce_overhead_compile_matches_eager():
     dev = torch.device("cuda")
     w = decode_world(dev, compress_ratio=4, head_dim=128)
     cache = w.kvcache("fp8_indexer")
-    loc = w.out_loc(2)
+    loc = w.out_loc
 
     def step(state, kv_in, seq_lens, cache):
         plan = dsv4_ops.CompressorDecodePlan.generate(4, w.rid, w.req_to_token, w.full_to_state,
@@ -143,7 +143,7 @@ def test_ops_on_second_gpu_while_current_is_first():
     for d in (ref_dev, dev):
         w = decode_world(d, compress_ratio=4, head_dim=128)
         cache = w.kvcache("fp8_indexer")
-        kv = _decode(w, w.kv_in, w.rid, w.seq_lens, w.out_loc(2), cache)
+        kv = _decode(w, w.kv_in, w.rid, w.seq_lens, w.out_loc, cache)
         results.append((kv.cpu(), w.state.cpu(), cache.cpu()))
     assert torch.cuda.current_device() == 0
     (k0, s0, c0), (k1, s1, c1) = results

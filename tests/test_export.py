@@ -25,7 +25,7 @@ def _decode_case(device, cr, hd):
     w = decode_world(device, compress_ratio=cr, head_dim=hd)
     cache = w.kvcache(dsv4_ops.store_format_of(hd))
     args = [w.state, w.kv_in, w.ape, w.rid, w.req_to_token, w.full_to_state, w.seq_lens,
-            w.norm_weight, w.freqs, w.out_loc(2), cache]
+            w.norm_weight, w.freqs, w.out_loc, cache]
     module = _Step(decode_step, cr=cr, hd=hd, ring=w.ring, page_size=w.cache_page_size,
                    fmt_fp4=False)
     return module, args

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 import dsv4_ops
-from dsv4_ops import ops
 
-from op_samples import decode_world, freqs_real, make_world
+from op_samples import decode_world, make_world
 
 OPS = torch.ops.dsv4
 
@@ -45,19 +44,19 @@ def test_compress_forward(device, cr, hd):
 
 def test_compress_forward_online(device):
     w = make_world(device, compress_ratio=128, head_dim=512)
-    state = torch.zeros((8, 1, 3 * 512), device=w.device)
+    state = dsv4_ops.state_buffer(128, 512, 8, is_online=True, device=w.device)
     plan = dsv4_ops.CompressorPrefillPlan.generate_online(
         w.seq_lens, w.extend_lens, w.rid, w.req_to_token, w.num_q, use_cuda_graph=True)
     out = torch.empty((plan.plan_c.shape[0], 512), device=w.device)
     _check(OPS.compress_forward, (state, w.kv_in, w.ape, plan.plan_c, plan.plan_w, out, 512, 128, True))
 
 
-@pytest.mark.parametrize("fmt", ops.STORE_FORMATS)
+@pytest.mark.parametrize("fmt", list(dsv4_ops.STORE_FORMATS))
 def test_compress_norm_rope_store(device, fmt):
-    hd = 512 if fmt in ("fp8_ds_mla", "bf16") else 128
+    hd = dsv4_ops.STORE_FORMATS[fmt].head_dim
     w = decode_world(device, compress_ratio=4, head_dim=hd)
     plan = dsv4_ops.CompressorDecodePlan.generate(4, w.rid, w.req_to_token, w.full_to_state,
                                                   w.seq_lens, 64, w.ring)
     kv = torch.randn((2, hd), device=w.device)
-    _check(OPS.compress_norm_rope_store, (kv, plan.plan_d, w.norm_weight, freqs_real(w), w.out_loc(2),
+    _check(OPS.compress_norm_rope_store, (kv, plan.plan_d, w.norm_weight, w.freqs_real, w.out_loc,
                                           w.kvcache(fmt), True, 4, 1e-6, w.cache_page_size, fmt))

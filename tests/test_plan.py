@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import dsv4_ops
-from dsv4_ops import ops
+from dsv4_ops import ops, window_size
+from dsv4_ops.testing import worlds
 
 INV_C = [-1, 0, -1, -1]   # CompressPlan invalid, as int32 words
 INV_W = [-1, -1]          # WritePlan invalid
@@ -80,7 +81,7 @@ def oracle_decode(t: Tables, rids, seq_lens):
 def oracle_prefill(t: Tables, rids, seq_lens, extend_lens):
     """Valid CompressPlan rows and WritePlan rows (SPEC 3.3) as int32 word lists."""
     cr = t.cr
-    win = 8 if cr == 4 else 128
+    win = window_size(cr)
     legacy = t.mode == "legacy"
     pad = t.ring - win + 2 if (not legacy and t.ring > win) else 0
     comp, writes = [], []
@@ -138,19 +139,14 @@ MAX_CTX = 1024
 
 def make_tables(gen: torch.Generator, sps: int, neg_frac: float = 0.0, row_pad: int = 16,
                 ctx: int = MAX_CTX):
-    """req_to_token [NUM_ROWS, ctx] int32 (row stride ctx + row_pad; ctx a multiple of sps) of
-    shuffled full pages of sps tokens; full_to_state maps each full page onto a shuffled SWA
-    page (page-aligned, so pos % sps == swa % sps), a fraction of entries evicted (-1)."""
-    ppr = ctx // sps
-    full_pages = torch.randperm(NUM_ROWS * ppr, generator=gen)
-    r2t = (full_pages.view(NUM_ROWS, ppr, 1) * sps + torch.arange(sps)).view(NUM_ROWS, ctx)
-    wide = torch.full((NUM_ROWS, ctx + row_pad), -7, dtype=torch.int32)
-    wide[:, :ctx] = r2t.to(torch.int32)
-    r2t = wide[:, :ctx]
-    swa_pages = torch.randperm(NUM_ROWS * ppr + 5, generator=gen)[: NUM_ROWS * ppr]
-    f2s = (swa_pages.view(-1, 1) * sps + torch.arange(sps)).view(-1).to(torch.int64)
-    if neg_frac > 0:
-        f2s[torch.rand(f2s.shape, generator=gen) < neg_frac] = -1
+    """req_to_token [NUM_ROWS, ctx] int32 (row stride ctx + row_pad, the padding -7; ctx a
+    multiple of sps) of shuffled full pages of sps tokens; full_to_state maps each full page
+    onto a shuffled SWA page of 5 spare ones more (page-aligned, so pos % sps == swa % sps), a
+    fraction of entries evicted (-1)."""
+    r2t, f2s, _, _ = worlds.page_tables(
+        gen, num_req_rows=NUM_ROWS, row_lengths={r: ctx for r in range(NUM_ROWS)},
+        page_size=sps, swa_page_size=sps, max_context=ctx, row_pad=row_pad, row_fill=-7,
+        spare_swa_pages=5, evicted_fraction=neg_frac)
     return r2t, f2s
 
 

@@ -1,14 +1,14 @@
-"""End-to-end serving scenarios: dsv4_ops.simulate drives the planners, compress_forward and
-compress_norm_rope_store the way a serving engine does, step after step, and checks every
-compressed token against dsv4_ops.reference (whole-sequence oracle), every byte of the
+"""End-to-end serving scenarios: dsv4_ops.testing.simulate drives the planners, compress_forward
+and compress_norm_rope_store the way a serving engine does, step after step, and checks every
+compressed token against dsv4_ops.testing.reference (whole-sequence oracle), every byte of the
 compressed caches against a reference-written shadow, and every state-buffer row (rows no
 step persists must stay untouched). A step that disagrees raises SimulationMismatch."""
 import pytest
 import torch
 
-from dsv4_ops import simulate
-from dsv4_ops.simulate import (CompressorConfig, ServingSimulator, SimulationMismatch,
-                               deepseek_v4_compressors)
+from dsv4_ops.testing import simulate
+from dsv4_ops.testing.simulate import (CompressorConfig, ServingSimulator, SimulationMismatch,
+                                       deepseek_v4_compressors)
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -18,16 +18,16 @@ SHORT = {"fp8_indexer": "fp8", "fp4_indexer": "fp4", "fp8_ds_mla": "fp8", "bf16"
 
 def idx(fmt="fp8_indexer", **kw):
     """The cr=4 indexer compressor (head_dim 128)."""
-    return CompressorConfig(f"c4_idx_{SHORT[fmt]}", 4, 128, fmt, **kw)
+    return CompressorConfig(4, 128, fmt, name=f"c4_idx_{SHORT[fmt]}", **kw)
 
 
 def c4_main(fmt="fp8_ds_mla", **kw):
-    return CompressorConfig(f"c4_main_{SHORT[fmt]}", 4, 512, fmt, **kw)
+    return CompressorConfig(4, 512, fmt, name=f"c4_main_{SHORT[fmt]}", **kw)
 
 
 def c128_main(fmt="fp8_ds_mla", **kw):
     name = "c128_online" if kw.get("addressing") == "online" else f"c128_main_{SHORT[fmt]}"
-    return CompressorConfig(name, 128, 512, fmt, **kw)
+    return CompressorConfig(128, 512, fmt, name=name, **kw)
 
 
 def all_compressors(**kw):
@@ -238,10 +238,10 @@ def test_state_and_input_dtypes(device, state_dtype, input_dtype):
 def test_bf16_store_and_output_dtypes(device):
     """bf16 cache store; fp32 output from bf16 input; bf16 ape; int32 out_loc."""
     comps = [c4_main("bf16"), c128_main("bf16"),
-             CompressorConfig("idx_f32_out", 4, 128, "fp4_indexer", input_dtype=BF16,
+             CompressorConfig(4, 128, "fp4_indexer", name="idx_f32_out", input_dtype=BF16,
                               out_dtype=F32),
-             CompressorConfig("c128_bf16_ape", 128, 512, ape_dtype=BF16, state_dtype=BF16),
-             CompressorConfig("c4_bf16_out", 4, 512, input_dtype=F32, out_dtype=BF16)]
+             CompressorConfig(128, 512, name="c128_bf16_ape", ape_dtype=BF16, state_dtype=BF16),
+             CompressorConfig(4, 512, name="c4_bf16_out", input_dtype=F32, out_dtype=BF16)]
     _mixed_trace(make_sim(device, comps, max_context=512, out_loc_dtype=torch.int32))
 
 
@@ -249,8 +249,9 @@ def test_online_cr128_long_decode(device):
     """The online running state across chunk boundaries, by decode and by extends that start
     and stop inside a chunk (state merge)."""
     comps = [c128_main(addressing="online"),
-             CompressorConfig("online_bf16_in", 128, 512, addressing="online", input_dtype=BF16),
-             CompressorConfig("online_bf16_state", 128, 512, addressing="online",
+             CompressorConfig(128, 512, addressing="online", name="online_bf16_in",
+                              input_dtype=BF16),
+             CompressorConfig(128, 512, addressing="online", name="online_bf16_state",
                               state_dtype=BF16),
              c128_main()]
     sim = make_sim(device, comps, max_context=700)
@@ -268,8 +269,8 @@ def test_online_cr128_long_decode(device):
 @pytest.mark.parametrize("graph,on_device", [(True, False), (True, True), (False, True)])
 def test_graph_padding_and_device_lengths(device, graph, on_device):
     comps = [idx(), c4_main(), c128_main(), c128_main(addressing="online"),
-             CompressorConfig("legacy4", 4, 128, addressing="legacy"),
-             CompressorConfig("legacy128", 128, 512, "bf16", addressing="legacy")]
+             CompressorConfig(4, 128, addressing="legacy", name="legacy4"),
+             CompressorConfig(128, 512, "bf16", addressing="legacy", name="legacy128")]
     sim = make_sim(device, comps, use_cuda_graph=graph, lengths_on_device=on_device,
                    max_context=512)
     a, b, c = (sim.add_request() for _ in range(3))

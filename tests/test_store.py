@@ -1,6 +1,6 @@
 """compress_norm_rope_store (SPEC 1.3 and 4) against an independent oracle.
 
-The oracle lives in this file: float64 RMSNorm / RoPE / Hadamard, then quantisation through
+The oracle lives in this file (an encoder independent of dsv4_ops.testing.reference): float64 RMSNorm / RoPE / Hadamard, then quantisation through
 torch's own conversions (torch.bfloat16, torch.float8_e4m3fn after clamping, torch.frexp for
 the UE8M0 ceiling, torch.bucketize for the e2m1 thresholds) and the byte layouts of the SPEC 4
 table, written from the table. Random cases are compared with the SPEC's conformance slack;
@@ -19,22 +19,18 @@ import dsv4_ops
 from dsv4_ops import ops
 
 OP = "compress_norm_rope_store"
-FORMATS = ("fp8_ds_mla", "bf16", "fp8_indexer", "fp4_indexer")
-HEAD_DIM = {"fp8_ds_mla": 512, "bf16": 512, "fp8_indexer": 128, "fp4_indexer": 128}
-DATA_BYTES = {"fp8_ds_mla": 576, "bf16": 1024, "fp8_indexer": 128, "fp4_indexer": 64}
-SCALE_STRIDE = {"fp8_ds_mla": 8, "bf16": 0, "fp8_indexer": 4, "fp4_indexer": 4}
-# Scale bytes a store writes: fp8_ds_mla's byte 7 is unused and must stay untouched.
-SCALE_BYTES = {"fp8_ds_mla": 7, "bf16": 0, "fp8_indexer": 4, "fp4_indexer": 4}
+# The SPEC 4 table's layout facts (dsv4_ops.STORE_FORMATS; tests/test_layout.py checks them
+# against the table). Scale bytes a store writes: fp8_ds_mla's byte 7 is unused and must stay
+# untouched.
+FORMATS = tuple(dsv4_ops.STORE_FORMATS)
+HEAD_DIM = {k: f.head_dim for k, f in dsv4_ops.STORE_FORMATS.items()}
+DATA_BYTES = {k: f.data_bytes for k, f in dsv4_ops.STORE_FORMATS.items()}
+SCALE_STRIDE = {k: f.scale_stride for k, f in dsv4_ops.STORE_FORMATS.items()}
+SCALE_BYTES = {k: f.scale_bytes for k, f in dsv4_ops.STORE_FORMATS.items()}
 INVALID = 0xFFFFFFFF
 E2M1_THRESHOLDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 HAD_SCALE32 = np.float32(1.0 / math.sqrt(128.0))  # fp32 1/sqrt(128)
 F32 = torch.float32
-
-
-def page_bytes_of(fmt, ps):
-    if fmt == "fp8_ds_mla":
-        return -(-584 * ps // 576) * 576
-    return (DATA_BYTES[fmt] + SCALE_STRIDE[fmt]) * ps
 
 
 # ---- plans ----------------------------------------------------------------------------------
@@ -287,7 +283,7 @@ def test_prefill_matches_oracle(device, fmt, ps, combo):
     hd, cr, n, max_pos = HEAD_DIM[fmt], (4 if combo != 1 else 128), 48, 4096
     capacity_pages = -(-2 * n // ps) + 1
     extra = 48 if ps == 64 else 0  # pages larger than the format needs: stride = actual bytes
-    pb = page_bytes_of(fmt, ps)
+    pb = dsv4_ops.cache_page_bytes(fmt, ps)
     cache = random_cache(capacity_pages, pb, gen, extra)
     n_loc = n + 7
     locs = torch.randperm(capacity_pages * ps, generator=gen)[:n_loc].to(torch.int64)
@@ -320,7 +316,7 @@ def test_decode_rows(device, fmt, cr):
     gen = torch.Generator().manual_seed(cr + FORMATS.index(fmt))
     hd, n, ps, max_pos = HEAD_DIM[fmt], 32, 64, 2048
     pages = 2
-    pb = page_bytes_of(fmt, ps)
+    pb = dsv4_ops.cache_page_bytes(fmt, ps)
     cache = random_cache(pages, pb, gen)
     seq = [cr * int(k) + (0 if i % 3 else int(1 + i % (cr - 1)))
            for i, k in enumerate(torch.randint(1, max_pos // cr, (n,), generator=gen))]
@@ -353,7 +349,7 @@ def test_inactive_rows_write_nothing(device, fmt):
     gen = torch.Generator().manual_seed(7)
     hd, ps, max_pos, cr = HEAD_DIM[fmt], 1, 64, 4
     pages = 8
-    cache = random_cache(pages, page_bytes_of(fmt, ps), gen)
+    cache = random_cache(pages, dsv4_ops.cache_page_bytes(fmt, ps), gen)
     kv = random_kv(6, hd, gen)
     w = torch.ones(hd)
     freqs = random_freqs(max_pos, gen)
@@ -387,7 +383,7 @@ def test_inactive_row_sanity(device):
     """The cases above do store once a single field is made valid (they are not vacuous)."""
     fmt, ps, cr = "fp4_indexer", 1, 4
     gen = torch.Generator().manual_seed(3)
-    cache = random_cache(8, page_bytes_of(fmt, ps), gen)
+    cache = random_cache(8, dsv4_ops.cache_page_bytes(fmt, ps), gen)
     kv = random_kv(2, 128, gen)
     freqs = random_freqs(64, gen)
     words = decode_words([8, 9], [0, 0])
@@ -414,7 +410,7 @@ def run_crafted(device, fmt, w, signs, m=None, kv_dtype=F32, ps=1):
     freqs[:, 0::2] = 1.0
     words = prefill_words([4] * n, list(range(n)))  # position 0
     pages = -(-n // ps)
-    pb = page_bytes_of(fmt, ps)
+    pb = dsv4_ops.cache_page_bytes(fmt, ps)
     cache = torch.zeros(pages, pb, dtype=torch.uint8)
     after = store(device, fmt, kv, pack_words(words), w, freqs, torch.arange(n, dtype=torch.int64),
                   cache, False, 4, 0.0, ps)
@@ -657,7 +653,7 @@ def test_unaligned_tensors(device, fmt):
     not a multiple of 8: results equal the aligned ones, nothing else is touched."""
     gen = torch.Generator().manual_seed(31)
     hd, ps, n, max_pos, cr = HEAD_DIM[fmt], 4, 10, 256, 4
-    pb = page_bytes_of(fmt, ps) + 3
+    pb = dsv4_ops.cache_page_bytes(fmt, ps) + 3
     pages = 4
     kv = random_kv(n, hd, gen)
     w = torch.rand(hd, generator=gen) + 0.5
@@ -694,7 +690,7 @@ def test_multidim_cache_view(device):
     """kvcache may have any shape whose dim 0 is the page: page bytes = numel / size(0)."""
     fmt, ps = "fp8_indexer", 64
     gen = torch.Generator().manual_seed(41)
-    pb = page_bytes_of(fmt, ps)
+    pb = dsv4_ops.cache_page_bytes(fmt, ps)
     cache = random_cache(3, pb, gen).reshape(3, 66, pb // 66)
     kv = random_kv(4, 128, gen)
     freqs = random_freqs(64, gen)
@@ -708,25 +704,25 @@ def test_multidim_cache_view(device):
 
 
 def test_empty_inputs(device):
-    cache = torch.zeros(2, page_bytes_of("bf16", 1), dtype=torch.uint8)
+    cache = torch.zeros(2, dsv4_ops.cache_page_bytes("bf16", 1), dtype=torch.uint8)
     after = store(device, "bf16", torch.zeros(0, 512), torch.zeros(0, 16, dtype=torch.uint8),
                   torch.ones(512), torch.zeros(4, 64), torch.zeros(0, dtype=torch.int32), cache,
                   True, 4, 1e-6, 1)
     assert torch.equal(after, cache)
     store(device, "bf16", torch.ones(1, 512), pack_words(decode_words([4], [0])), torch.ones(512),
           torch.zeros(4, 64), torch.zeros(1, dtype=torch.int32),
-          torch.zeros(0, page_bytes_of("bf16", 1), dtype=torch.uint8), True, 4, 1e-6, 1)
+          torch.zeros(0, dsv4_ops.cache_page_bytes("bf16", 1), dtype=torch.uint8), True, 4, 1e-6, 1)
 
 
-# ---- the project's plain-PyTorch reference (dsv4_ops.reference, once merged) --------------------
+# ---- the project's plain-PyTorch reference (dsv4_ops.testing.reference) ---------------------------
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_against_dsv4_reference_store(device, fmt):
-    reference = pytest.importorskip("dsv4_ops.reference")
+    from dsv4_ops.testing import reference
     gen = torch.Generator().manual_seed(71)
     hd, ps, n, max_pos, cr = HEAD_DIM[fmt], 64, 40, 1024, 4
     pages = 2
-    cache = torch.zeros(pages, page_bytes_of(fmt, ps), dtype=torch.uint8)
+    cache = torch.zeros(pages, dsv4_ops.cache_page_bytes(fmt, ps), dtype=torch.uint8)
     kv = random_kv(n, hd, gen)
     w = torch.rand(hd, generator=gen) + 0.5
     freqs = random_freqs(max_pos, gen)
@@ -765,7 +761,7 @@ def test_python_api_complex_freqs(device, use_fp4, strided):
                                           torch.zeros(2, dtype=torch.int32))
     kv = random_kv(n, hd, gen)
     w = torch.rand(hd, generator=gen) + 0.5
-    cache = random_cache(2, page_bytes_of(fmt, ps), gen)
+    cache = random_cache(2, dsv4_ops.cache_page_bytes(fmt, ps), gen)
     dev_cache = cache.to(device)
     locs = torch.tensor([3, 70, 64, 0, 127, 5])
     dsv4_ops.compress_norm_rope_store(kv.to(device), plan, norm_weight=w.to(device), norm_eps=1e-6,
@@ -782,7 +778,7 @@ def _good_args(fmt="fp8_ds_mla"):
     hd = HEAD_DIM[fmt]
     return dict(kv=torch.zeros(2, hd), plan=pack_words(decode_words([4, 8], [0, 1])),
                 norm_weight=torch.ones(hd), freqs=torch.zeros(16, 64), out_loc=torch.zeros(2, dtype=torch.int32),
-                kvcache=torch.zeros(2, page_bytes_of(fmt, 1), dtype=torch.uint8), is_decode=True,
+                kvcache=torch.zeros(2, dsv4_ops.cache_page_bytes(fmt, 1), dtype=torch.uint8), is_decode=True,
                 compress_ratio=4, eps=1e-6, page_size=1, store_format=fmt)
 
 
@@ -856,7 +852,7 @@ def test_cpu_and_cuda_bit_identical(fmt, kv_dt):
     gen = torch.Generator().manual_seed(61)
     hd, ps, n, max_pos, cr = HEAD_DIM[fmt], 64, 300, 4096, 4
     pages = -(-n // ps) + 1
-    cache = random_cache(pages, page_bytes_of(fmt, ps), gen)
+    cache = random_cache(pages, dsv4_ops.cache_page_bytes(fmt, ps), gen)
     kv = random_kv(n, hd, gen).to(kv_dt)
     w = (torch.rand(hd, generator=gen) + 0.5).to(torch.bfloat16)
     freqs = random_freqs(max_pos, gen)
@@ -896,7 +892,7 @@ def test_cpu_and_cuda_bit_identical_special_values(fmt, eps):
     kv = torch.stack(rows).to(F32)
     n = kv.shape[0]
     pages = -(-n // ps) + 1
-    cache = random_cache(pages, page_bytes_of(fmt, ps), gen)
+    cache = random_cache(pages, dsv4_ops.cache_page_bytes(fmt, ps), gen)
     w = (torch.rand(hd, generator=gen) + 0.5).to(torch.bfloat16)
     freqs = random_freqs(max_pos, gen)
     seq = [cr * int(k) for k in torch.randint(1, max_pos // cr, (n,), generator=gen)]

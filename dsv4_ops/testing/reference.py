@@ -1,4 +1,4 @@
-"""The test oracle: SPEC section 1 in plain PyTorch, computed from whole sequences.
+"""The test oracle: docs/contract.md section 1 in plain PyTorch, computed from whole sequences.
 
 Nothing here knows about plans, state buffers, rings or pages except the final cache scatter:
 a compressed token is computed from the full sequence of kv_score rows of its request, so a
@@ -11,29 +11,13 @@ from typing import Tuple
 
 import torch
 
+from ..layout import STORE_FORMATS, kv_score_row_width, window_size
+
 ROPE_DIM = 64
 FP8_MAX = 448.0
 FP4_MAX = 6.0
 SCALE_FLOOR = 1e-4
 FP4_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-
-# store format -> (head_dim, data bytes per token, scale bytes per token, scale stride)
-STORE_FORMATS = {
-    "fp8_ds_mla": (512, 576, 7, 8),
-    "bf16": (512, 1024, 0, 0),
-    "fp8_indexer": (128, 128, 4, 4),
-    "fp4_indexer": (128, 64, 4, 4),
-}
-
-
-def window_of(compress_ratio: int) -> int:
-    return 8 if compress_ratio == 4 else 128
-
-
-def row_len(compress_ratio: int, head_dim: int) -> int:
-    """Elements of one kv_score row: cr=4 kv_ovl|kv|score_ovl|score, cr=128 kv|score."""
-    return (4 if compress_ratio == 4 else 2) * head_dim
-
 
 # ---------------------------------------------------------------------------------------
 # Pooling (SPEC 1.2) and the online running state (SPEC 3.5)
@@ -44,9 +28,9 @@ def compressed_tokens(kv_score: torch.Tensor, ape: torch.Tensor, compress_ratio:
     [L // cr, hd] float64, token k closing at s = (k+1) * cr."""
     hd, cr = head_dim, compress_ratio
     x = kv_score.to(torch.float64)
-    a = ape.to(torch.float64).reshape(window_of(cr), hd)
+    a = ape.to(torch.float64).reshape(window_size(cr), hd)
     n = x.shape[0] // cr
-    rows = x[: n * cr].reshape(n, cr, row_len(cr, hd))
+    rows = x[: n * cr].reshape(n, cr, kv_score_row_width(cr, hd))
     if cr == 128:
         kv, score = rows[..., :hd], rows[..., hd:]
     else:
@@ -174,14 +158,6 @@ def encode(y: torch.Tensor, store_format: str) -> Tuple[torch.Tensor, torch.Tens
     raise ValueError(f"unknown store format {store_format!r}")
 
 
-def page_bytes(store_format: str, page_size: int) -> int:
-    """Bytes of one cache page of `page_size` tokens."""
-    if store_format == "fp8_ds_mla":
-        return -(-584 * page_size // 576) * 576
-    _, data, _, stride = STORE_FORMATS[store_format]
-    return (data + stride) * page_size
-
-
 def store(kvcache: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, locs: torch.Tensor,
           norm_weight: torch.Tensor, eps: float, freqs: torch.Tensor, store_format: str,
           page_size: int) -> None:
@@ -220,7 +196,7 @@ def state_slot(addressing: str, rid: int, pos: int, *, compress_ratio: int, ring
     if addressing == "req_ring":
         return rid * ring_size + pos % ring_size
     if addressing == "legacy":
-        win = window_of(compress_ratio)
+        win = window_size(compress_ratio)
         return rid * win + pos % win
     if addressing == "online":
         return rid + state_slot_offset

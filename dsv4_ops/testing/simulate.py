@@ -20,7 +20,7 @@ prefill/extend step any ``n >= 0``. For every configured compressor the step bui
 (``CompressorDecodePlan`` / ``CompressorPrefillPlan``, one plan per ratio and addressing, shared
 by all compressors that use it, as one plan serves every layer), runs ``compress_forward`` and
 ``compress_norm_rope_store``, and then (``check=True``) verifies the step against the
-whole-sequence oracle ``dsv4_ops.reference``:
+whole-sequence oracle ``dsv4_ops.testing.reference``:
 
 * every compressed token of the step against ``reference.compressed_tokens`` of the request's
   history (rows that close no window must be zeros);
@@ -46,6 +46,7 @@ does; ``lengths_on_device=True`` hands the planners device-side lengths.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -54,12 +55,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import reference
-from .compressor import compress_forward, compress_norm_rope_store
-from .plans import CompressorDecodePlan, CompressorPrefillPlan
-
-ADDRESSINGS = ("swa_paged", "req_ring", "legacy", "online")
-HEAD_DIM_OF_FORMAT = {fmt: spec[0] for fmt, spec in reference.STORE_FORMATS.items()}
+from . import reference, worlds
+from ..compressor import compress_forward, compress_norm_rope_store
+from ..layout import STORE_FORMATS, Compressor, kv_score_row_width, window_size
+from ..plans import CompressorDecodePlan, CompressorPrefillPlan
 
 
 class SimulationMismatch(AssertionError):
@@ -70,58 +69,33 @@ class SimulationMismatch(AssertionError):
 # Configuration
 # ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class CompressorConfig:
-    """One compressor of the model (the simulator keeps one state buffer and one cache each).
+class CompressorConfig(Compressor):
+    """One compressor of the model (the simulator keeps one state buffer and one cache each):
+    its layout (a dsv4_ops.Compressor, see its defaults), its name and the dtypes the engine
+    feeds, e.g. ``CompressorConfig(4, 128, "fp4_indexer", name="c4_indexer_fp4")``.
 
     addressing: "swa_paged" (cr = 4 only), "req_ring", "legacy" or "online" (cr = 128 only).
     ring_size: None picks the window (8 / 128), doubled when the simulator is speculative.
     out_dtype: compress_forward's output dtype (None: the input dtype, the API's default).
     """
-    name: str
-    compress_ratio: int
-    head_dim: int
-    store_format: Optional[str] = None
-    addressing: Optional[str] = None
-    ring_size: Optional[int] = None
-    state_dtype: torch.dtype = torch.float32
-    input_dtype: torch.dtype = torch.float32
-    out_dtype: Optional[torch.dtype] = None
-    ape_dtype: torch.dtype = torch.float32
-    norm_eps: float = 1e-6
+    name: str = field(kw_only=True)
+    input_dtype: torch.dtype = field(default=torch.float32, kw_only=True)
+    out_dtype: Optional[torch.dtype] = field(default=None, kw_only=True)
+    ape_dtype: torch.dtype = field(default=torch.float32, kw_only=True)
+    norm_eps: float = field(default=1e-6, kw_only=True)
 
     def __post_init__(self):
-        cr, hd = self.compress_ratio, self.head_dim
-        if cr not in (4, 128) or hd not in (128, 512):
-            raise ValueError(f"{self.name}: compress_ratio must be 4|128 and head_dim 128|512")
-        fmt = self.store_format or ("fp8_indexer" if hd == 128 else "fp8_ds_mla")
-        if HEAD_DIM_OF_FORMAT.get(fmt) != hd:
-            raise ValueError(f"{self.name}: store format {fmt!r} does not hold head_dim {hd}")
-        addressing = self.addressing or ("swa_paged" if cr == 4 else "req_ring")
-        if addressing not in ADDRESSINGS:
-            raise ValueError(f"{self.name}: addressing must be one of {ADDRESSINGS}")
-        if addressing == "swa_paged" and cr != 4:
-            raise ValueError(f"{self.name}: SWA-paged state is for compress_ratio 4")
-        if addressing == "online" and (cr != 128 or hd != 512):
-            raise ValueError(f"{self.name}: the online state is for compress_ratio 128, "
-                             "head_dim 512")
-        object.__setattr__(self, "store_format", fmt)
-        object.__setattr__(self, "addressing", addressing)
+        try:
+            super().__post_init__()
+        except ValueError as e:
+            raise ValueError(f"{self.name}: {e}") from None
 
-    @property
-    def window(self) -> int:
-        return reference.window_of(self.compress_ratio)
-
-    @property
-    def row_len(self) -> int:
-        return reference.row_len(self.compress_ratio, self.head_dim)
-
-    @property
-    def is_online(self) -> bool:
-        return self.addressing == "online"
-
-    @property
-    def state_row_len(self) -> int:
-        return 3 * self.head_dim if self.is_online else self.row_len
+    def layout(self, speculative: bool = False) -> "CompressorConfig":
+        """The compressor with its ring resolved: a ring-addressed one without ring_size gets
+        twice the window when `speculative` (room for draft tokens)."""
+        if self.ring_size is None and speculative and self.addressing in ("swa_paged", "req_ring"):
+            return dataclasses.replace(self, ring_size=2 * self.window)
+        return self
 
 
 def deepseek_v4_compressors(*, indexer_stores: Sequence[str] = ("fp8_indexer",),
@@ -132,10 +106,10 @@ def deepseek_v4_compressors(*, indexer_stores: Sequence[str] = ("fp8_indexer",),
     """The compressors of DeepSeek-V4: the cr = 4 indexer (hd 128, one per indexer store
     format), the cr = 4 main compressor and the cr = 128 main compressor (hd 512)."""
     common = dict(state_dtype=state_dtype, input_dtype=input_dtype)
-    out = [CompressorConfig(f"c4_indexer_{fmt.split('_')[0]}", 4, 128, fmt, c4_addressing, **common)
-           for fmt in indexer_stores]
-    out.append(CompressorConfig("c4_main", 4, 512, main_store, c4_addressing, **common))
-    out.append(CompressorConfig("c128_main", 128, 512, main_store, c128_addressing, **common))
+    out = [CompressorConfig(4, 128, fmt, c4_addressing, name=f"c4_indexer_{fmt.split('_')[0]}",
+                            **common) for fmt in indexer_stores]
+    out.append(CompressorConfig(4, 512, main_store, c4_addressing, name="c4_main", **common))
+    out.append(CompressorConfig(128, 512, main_store, c128_addressing, name="c128_main", **common))
     return out
 
 
@@ -234,48 +208,39 @@ class _Compressor:
     def __init__(self, cfg: CompressorConfig, sim: "ServingSimulator", gen: torch.Generator):
         self.cfg = cfg
         cr, hd, dev = cfg.compress_ratio, cfg.head_dim, sim.device
-        if cfg.addressing == "legacy":
-            if cfg.ring_size not in (None, cfg.window):
-                raise ValueError(f"{cfg.name}: legacy addressing has a ring of one window")
-            self.ring = cfg.window
-        elif cfg.addressing == "online":
-            self.ring = 1
-        else:
-            self.ring = cfg.ring_size or cfg.window * (2 if sim.speculative else 1)
-            if self.ring % cr or self.ring < cfg.window:
-                raise ValueError(f"{cfg.name}: ring_size {self.ring} must be a multiple of "
-                                 f"{cr} and at least the window {cfg.window}")
-            if cfg.addressing == "swa_paged" and sim.swa_page_size % self.ring:
+        try:
+            layout = cfg.layout(sim.speculative)
+        except ValueError as e:
+            raise ValueError(f"{cfg.name}: {e}") from None
+        self.layout, self.ring = layout, layout.ring
+        if cfg.addressing == "swa_paged":
+            if self.ring < cfg.window:
+                raise ValueError(f"{cfg.name}: ring_size {self.ring} must be at least the "
+                                 f"window {cfg.window}")
+            if sim.swa_page_size % self.ring:
                 raise ValueError(f"{cfg.name}: swa_page_size {sim.swa_page_size} must be a "
                                  f"multiple of ring_size {self.ring}")
         # pad: rows past the last closed window that a prefill keeps for draft tokens (SPEC 3.3)
         ring_planner = cfg.addressing in ("swa_paged", "req_ring")
         self.pad = self.ring - cfg.window + 2 if ring_planner and self.ring > cfg.window else 0
-        rows = sim.num_req_rows
-        if cfg.addressing == "swa_paged":
-            slots = sim.num_swa_pages * self.ring
-        elif cfg.addressing == "online":
-            slots = rows
-        else:
-            slots = rows * self.ring
         # The flat state buffer and the view the ops take (SPEC 2). It starts as NaN: a kernel
         # that reads a row nobody wrote (e.g. the absent rows of the first cr = 4 window,
         # whatever page the record names) poisons its output.
-        self.state = torch.full((slots, cfg.state_row_len), float("nan"), dtype=cfg.state_dtype,
-                                device=dev)
-        if cfg.is_online:
-            self.state_view = self.state.view(slots, 1, cfg.state_row_len)
-        else:
-            self.state_view = self.state.view(slots // cr, cr, cfg.row_len)
+        self.state = worlds.fill_state(
+            layout.state_buffer(num_requests=sim.num_req_rows, num_swa_pages=sim.num_swa_pages,
+                                device=dev), "nan")
+        slots, width = self.state.shape
+        self.state_view = self.state.view(slots, 1, width) if cfg.is_online else \
+            self.state.view(slots // cr, cr, width)
         # Weights (random, fixed per compressor).
-        self.ape = (0.5 * torch.randn(cfg.window, hd, generator=gen)).to(cfg.ape_dtype)
-        self.norm_weight = 1.0 + 0.2 * torch.randn(hd, generator=gen)
+        ape, self.norm_weight = worlds.compressor_weights(layout, gen, norm_spread=0.2)
+        self.ape = ape.to(cfg.ape_dtype)
         self.ape_dev, self.norm_weight_dev = self.ape.to(dev), self.norm_weight.to(dev)
         self.freqs_cis = sim.freqs_cis
         # The compressed KV cache: cache page i holds the compressed tokens of full page i.
-        self.cache_page_size = sim.page_size // cr
-        self.page_bytes = reference.page_bytes(cfg.store_format, self.cache_page_size)
         # It starts as random bytes, so that any byte a kernel writes out of turn shows.
+        self.cache_page_size = sim.page_size // cr
+        self.page_bytes = layout.cache_page_bytes(self.cache_page_size)
         self.cache = torch.randint(0, 256, (sim.num_pages, self.page_bytes), generator=gen,
                                    dtype=torch.uint8).to(dev)
         self.plan_key = (cr, cfg.addressing, self.ring)
@@ -344,9 +309,7 @@ class ServingSimulator:
         self.requests: Dict[int, Request] = {}
 
         # RoPE table (complex [max_pos, 32]) shared by all compressors.
-        inv = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64))
-        ang = torch.outer(torch.arange(max_context, dtype=torch.float64), inv)
-        self.freqs_cis = torch.polar(torch.ones_like(ang), ang).to(torch.complex64)
+        self.freqs_cis = worlds.rope_table(max_context)
         self.freqs_cis_dev = self.freqs_cis.to(self.device)
 
         self.compressors = [_Compressor(c, self, self._gen) for c in compressors]
@@ -408,7 +371,7 @@ class ServingSimulator:
         rid = self._free_rids.pop(self._rng.randrange(len(self._free_rids)))
         req = Request(rid, name or f"r{rid}")
         for comp in self.compressors:
-            req.history[comp.cfg.name] = _Rows(comp.cfg.row_len)
+            req.history[comp.cfg.name] = _Rows(comp.cfg.kv_score_row_width)
             req.reference_tokens[comp.cfg.name] = {}
         if prefix_from is not None and prefix_len:
             self._share_prefix(req, prefix_from, prefix_len)
@@ -493,8 +456,8 @@ class ServingSimulator:
     def _new_rows(self, comp: _Compressor, n: int) -> torch.Tensor:
         """n kv_score rows as the model's projection would give them (values as fed)."""
         cfg = comp.cfg
-        rows = torch.randn(n, cfg.row_len, generator=self._gen)
-        rows[:, cfg.row_len // 2:] *= self.score_scale        # the score half(s)
+        rows = worlds.kv_score_rows(n, cfg.compress_ratio, cfg.head_dim, self._gen,
+                                    self.score_scale)
         return rows.to(cfg.input_dtype).to(torch.float32)
 
     def _lengths(self, values: List[int]) -> torch.Tensor:
@@ -655,10 +618,10 @@ class ServingSimulator:
         for comp in self.compressors:
             name = comp.cfg.name
             rows = [req.history[name].get(p, p + n) for (req, n), p in zip(entries, prefixes)]
-            host = torch.cat(rows) if rows else torch.empty(0, comp.cfg.row_len)
+            host = torch.cat(rows) if rows else torch.empty(0, comp.cfg.kv_score_row_width)
             run.host_rows[name] = host
             # Padding rows are NaN: no valid record may ever read them.
-            nan = torch.full((pad, comp.cfg.row_len), float("nan"))
+            nan = torch.full((pad, comp.cfg.kv_score_row_width), float("nan"))
             run.inputs[name] = torch.cat([host, nan]).to(self.device, comp.cfg.input_dtype)
         locs = [(self._full_loc(r, pos), pos) for r, pos in run.token_of_row]
         for cr in {c.cfg.compress_ratio for c in self.compressors}:
@@ -920,7 +883,7 @@ def _check_cache(comp: _Compressor, kv: torch.Tensor, events: List[_Event],
     cfg = comp.cfg
     fmt, ps = cfg.store_format, comp.cache_page_size
     name = f"{cfg.name} cache ({fmt})"
-    _, data_bytes, scale_bytes, scale_stride = reference.STORE_FORMATS[fmt]
+    _, data_bytes, scale_bytes, scale_stride = STORE_FORMATS[fmt]
     cache = comp.cache.cpu()
     before = before.cpu()
     written = [e for e in events if e.loc >= 0]
