@@ -5,8 +5,8 @@
 //
 // A Backend provides
 //   static void check_plan_device(const char* op, const at::Tensor& req_pool_indices);
-//       whether req_pool_indices is on a device of this backend (the plan device), checked
-//       before the tables and the limits (CPU: nothing to check);
+//       that req_pool_indices is on a device of this backend (the plan device); plan_decode
+//       and the prefill ops check it before their tables and limits (CPU: nothing to check);
 //   static at::Tensor decode(const char* op, const PlanParams& p,
 //                            const at::Tensor& req_pool_indices, const at::Tensor& seq_lens);
 //   static PrefillPlans prefill(const char* op, const PlanParams& p,
