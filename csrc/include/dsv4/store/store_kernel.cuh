@@ -105,8 +105,14 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kForma
   // DSV4_OPS_TEST_STALE_PLAN: a wrong guess. The record itself stays `early` where that is
   // the real one (no PDL).
   const uint2 guess = make_uint2(early.x ^ a.guess_xor, early.y ^ a.guess_xor);
+#elif defined(DSV4_GRID_DEPENDENCY)
+  // The guess XORed with a zero nvcc cannot see through (n_rows >= 1). Knowing guess == early,
+  // nvcc first consumes the early read after the round's loads are out, on a scoreboard they
+  // share, so the round waits for the record read after the wait (check_load_batching.py).
+  const uint32_t zero = uint32_t(uint64_t(a.n_rows) >> 63);
+  const uint2 guess = make_uint2(early.x ^ zero, early.y ^ zero);
 #else
-  const uint2 guess = early;
+  const uint2 guess = early;  // no PDL: the record read after the wait is `early` itself
 #endif
   pdl_wait();
   pdl_trigger();
