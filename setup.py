@@ -6,6 +6,7 @@ installed torch has CUDA (or, through torch's hipify, ROCm).
 Environment:
     DSV4_OPS_CPU_ONLY=1        build the CPU kernels only, even with a CUDA/ROCm torch
     DSV4_OPS_FORCE_GPU=1       build the GPU kernels even where no GPU toolkit is detected
+    DSV4_OPS_TEST_HOOKS=1      a test build: the GPU kernels' test hooks (see below)
     TORCH_CUDA_ARCH_LIST       CUDA targets (default "8.0;9.0;10.0")
     PYTORCH_ROCM_ARCH          ROCm targets (default "gfx90a;gfx942")
     MAX_JOBS                   parallel compile jobs
@@ -46,14 +47,19 @@ def extensions():
     sources += sorted(glob.glob("csrc/*/*_cuda.cu"))
     if gpu == "cuda":
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0;10.0")
-        gpu_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr",
-                     "-DDSV4_WITH_CUDA"]
+        gpu_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     else:
         os.environ.setdefault("PYTORCH_ROCM_ARCH", "gfx90a;gfx942")
-        gpu_flags = ["-O3", "-DDSV4_WITH_CUDA"]
+        gpu_flags = ["-O3"]
+    # DSV4_OPS_TEST_HOOKS=1: a test build. Defines DSV4_TEST_HOOKS, which compiles the store
+    # kernel's stale-plan hook (DSV4_OPS_TEST_STALE_PLAN=1 at run time: every plan guess wrong;
+    # tests/test_plan_guess.py, scripts/sanitize.sh) into its launch arguments. A production
+    # build's kernels do not have it, and its glue refuses DSV4_OPS_TEST_STALE_PLAN=1.
+    if _flag("DSV4_OPS_TEST_HOOKS"):
+        gpu_flags.append("-DDSV4_TEST_HOOKS")
     return [cpp_extension.CUDAExtension(
         "dsv4_ops._C", sources, include_dirs=include_dirs,
-        extra_compile_args={"cxx": cxx + ["-DDSV4_WITH_CUDA"], "nvcc": gpu_flags},
+        extra_compile_args={"cxx": cxx, "nvcc": gpu_flags},
         extra_link_args=["-fopenmp"])]
 
 

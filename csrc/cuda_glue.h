@@ -1,8 +1,9 @@
 // Torch-side helpers for the CUDA/HIP glue of every op family: where kernels launch (stream,
-// PDL, multiprocessor count), the plan-guess test hook, launch error check.
+// PDL, multiprocessor count), launch error check.
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,17 +11,6 @@
 #include "include/dsv4/launch.cuh"
 
 namespace dsv4 {
-
-// DSV4_OPS_TEST_STALE_PLAN=1 makes every plan guess of the store kernel wrong (load_early in
-// portability.h), so that the tests run the path that reloads from the plan read after the
-// wait, and the sanitizer sees that the loads of garbage guesses stay inside the buffers.
-inline uint32_t plan_guess_xor() {
-  static const uint32_t x = [] {
-    const char* e = std::getenv("DSV4_OPS_TEST_STALE_PLAN");
-    return (e != nullptr && e[0] == '1') ? 0x9e3779b9u : 0u;
-  }();
-  return x;
-}
 
 // Where and how an op's kernels launch, for the device of tensor t (which the op's device guard
 // has made current), from one device-properties lookup:

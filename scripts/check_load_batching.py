@@ -18,13 +18,14 @@ in separate passes by design and are not checked.
 
 The store kernels (compress_norm_rope_store_kernel) get the same guard in another form: after
 the grid-dependency wait (ACQBULK) the kernel issues its plan record, rope pair, norm weight and
-kv loads as one round (store_kernels.cuh, load_bits). A conversion or test of one loaded value
-placed among them makes the thread wait for that load before it issues the rest: one more round
-trip per decode step. The check follows the code from the wait (falling through conditional
-branches, taking unconditional ones) and finds the first instruction that waits on the
-scoreboard of a load issued after the wait; 3 + 2 * (head_dim / 128) loads (record, out_loc
-entry, rope pair, weights, row) must be out by then. The scalar twins of the vector loads (an
-unaligned tensor's path, predicated on the negation of a vector load's predicate) do not count.
+kv loads as one round (store/store_kernel.cuh; load_bits in store/memory_access.cuh). A
+conversion or test of one loaded value placed among them makes the thread wait for that load
+before it issues the rest: one more round trip per decode step. The check follows the code
+from the wait (falling through conditional branches, taking unconditional ones) and finds the
+first instruction that waits on the scoreboard of a load issued after the wait;
+3 + 2 * (head_dim / 128) loads (record, out_loc entry, rope pair, weights, row) must be out by
+then. The scalar twins of the vector loads (an unaligned tensor's path, predicated on the
+negation of a vector load's predicate) do not count.
 """
 import re
 import subprocess

@@ -14,6 +14,9 @@
 #   SAN_TIMEOUT     seconds per tool (default 240)
 #   SAN_EXTRA       extra pytest arguments
 #   COMPUTE_SANITIZER  path of the compute-sanitizer binary
+#   DSV4_OPS_TEST_STALE_PLAN=1  every store-kernel plan guess wrong: a hook that only a test
+#                   build has, so the extension is first rebuilt in place as one
+#                   (DSV4_OPS_TEST_HOOKS=1, see setup.py) and as a production build at the end
 # Exit status: 0 when every tool ran clean over a non-empty selection, 1 otherwise.
 set -u -o pipefail
 
@@ -87,6 +90,17 @@ if [ -z "$SAN" ]; then
   exit 1
 fi
 echo "sanitize: $SAN ($("$SAN" --version 2>/dev/null | tail -1))"
+
+rebuild_inplace() {  # $1: 1 for a test build, 0 for a production build
+  DSV4_OPS_TEST_HOOKS=$1 MAX_JOBS=${MAX_JOBS:-$(nproc)} "$PY" setup.py -q build_ext --inplace \
+    > "$OUTDIR/build_hooks$1.log" 2>&1
+}
+if [ "${DSV4_OPS_TEST_STALE_PLAN:-0}" = 1 ]; then
+  echo "sanitize: DSV4_OPS_TEST_STALE_PLAN=1: rebuilding in place as a test build (DSV4_OPS_TEST_HOOKS=1)"
+  rebuild_inplace 1 || { echo "sanitize: the test build failed (see $OUTDIR/build_hooks1.log)"; exit 1; }
+  trap 'echo "sanitize: rebuilding the production build"; rebuild_inplace 0 ||
+        echo "sanitize: the production rebuild failed (see $OUTDIR/build_hooks0.log)"' EXIT
+fi
 echo "sanitize: tests: $SAN_TESTS  -k \"$SAN_K\""
 
 # What the selection holds (without the sanitizer: fast)

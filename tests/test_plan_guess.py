@@ -7,7 +7,8 @@ previous kernel of the stream was still writing the plan, so the ordinary tests 
 it. DSV4_OPS_TEST_STALE_PLAN=1 makes every guess wrong (both words XORed with a constant, so
 the guesses also name garbage positions and locations): this test reruns the store tests and
 the serving tests that store in a child process with it set, and they must pass unchanged
-against the same references."""
+against the same references. The hook exists only in a test build (DSV4_OPS_TEST_HOOKS=1 when
+building, see setup.py); on a production build, which refuses the variable, this skips."""
 import os
 import subprocess
 import sys
@@ -37,6 +38,8 @@ def test_stale_plan_guesses_reload():
                         "-k", f"cuda and ({SELECTION})"],
                        cwd=os.path.dirname(HERE), env=env, capture_output=True, text=True,
                        timeout=600)
+    if "needs a test build" in r.stdout + r.stderr:
+        pytest.skip("the stale-plan hook needs a test build (DSV4_OPS_TEST_HOOKS=1)")
     tail = (r.stdout + r.stderr)[-3000:]
     assert r.returncode == 0, tail
     summary = r.stdout.strip().splitlines()[-1]

@@ -1,4 +1,5 @@
-// CUDA/HIP planners: glue around plan_kernels.cuh (math in plan_math.h, shared with the CPU).
+// CUDA/HIP planners: the backend of plan_ops.h around the kernels of include/dsv4/plan/ (math
+// in plan_math.h, shared with the CPU).
 //
 // Prefill with host lengths: validate and scan on the host (counts stay on the host), one
 // emission kernel; the per-request offsets go in its parameters (batch < 64, CUDA) or are
@@ -12,8 +13,12 @@
 #include <vector>
 
 #include "cuda_glue.h"
-#include "include/dsv4/plan_kernels.cuh"
-#include "plan/plan_checks.h"
+#include "include/dsv4/plan/block_sizes.h"
+#include "include/dsv4/plan/decode_kernel.cuh"
+#include "include/dsv4/plan/prefill_emit_kernel.cuh"
+#include "include/dsv4/plan/prefill_fused_kernel.cuh"
+#include "include/dsv4/plan/prefill_scan_kernel.cuh"
+#include "plan/plan_ops.h"
 
 namespace dsv4 {
 namespace {
@@ -60,7 +65,7 @@ at::Tensor decode_cuda(const char* op, const PlanParams& p, const at::Tensor& re
   return plan;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
+plan::PrefillPlans prefill_cuda(
     const char* op, const PlanParams& p, const at::Tensor& req_pool_indices,
     const at::Tensor& seq_lens, const at::Tensor& extend_lens, int64_t num_q_tokens,
     bool host_lengths) {
@@ -127,78 +132,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefill_cuda(
   return {o.plan_c, o.plan_w, counts};
 }
 
-at::Tensor plan_decode_cuda(const at::Tensor& req_pool_indices, const at::Tensor& req_to_token,
-                            const at::Tensor& full_to_state, const at::Tensor& seq_lens,
-                            int64_t compress_ratio, int64_t swa_page_size, int64_t ring_size,
-                            bool use_req_ring) {
-  const char* op = "plan_decode";
-  plan::check_batch(op, req_pool_indices, seq_lens, nullptr);
-  check_on_gpu(op, req_pool_indices);
-  const PlanParams p = plan::paged_params(op, req_to_token, full_to_state, compress_ratio,
-                                          swa_page_size, ring_size, use_req_ring,
-                                          req_pool_indices.device());
-  return decode_cuda(op, p, req_pool_indices, seq_lens);
-}
-
-at::Tensor plan_decode_legacy_cuda(const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
-                                   int64_t compress_ratio) {
-  const char* op = "plan_decode_legacy";
-  plan::check_batch(op, req_pool_indices, seq_lens, nullptr);
-  return decode_cuda(op, plan::legacy_params(op, compress_ratio), req_pool_indices, seq_lens);
-}
-
-at::Tensor plan_online_decode_cuda(const at::Tensor& req_pool_indices,
-                                   const at::Tensor& seq_lens, int64_t state_slot_offset) {
-  const char* op = "plan_online_decode";
-  plan::check_batch(op, req_pool_indices, seq_lens, nullptr);
-  return decode_cuda(op, plan::online_params(op, state_slot_offset), req_pool_indices, seq_lens);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_prefill_cuda(
-    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, const at::Tensor& extend_lens,
-    const at::Tensor& req_to_token, const at::Tensor& full_to_state, int64_t compress_ratio,
-    int64_t swa_page_size, int64_t ring_size, int64_t num_q_tokens, bool use_req_ring) {
-  const char* op = "plan_prefill";
-  const bool host = plan::check_batch(op, req_pool_indices, seq_lens, &extend_lens);
-  check_on_gpu(op, req_pool_indices);
-  plan::check_prefill_limits(op, req_pool_indices.size(0), num_q_tokens);
-  const PlanParams p = plan::paged_params(op, req_to_token, full_to_state, compress_ratio,
-                                          swa_page_size, ring_size, use_req_ring,
-                                          req_pool_indices.device());
-  return prefill_cuda(op, p, req_pool_indices, seq_lens, extend_lens, num_q_tokens, host);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_prefill_legacy_cuda(
-    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, const at::Tensor& extend_lens,
-    int64_t compress_ratio, int64_t num_q_tokens) {
-  const char* op = "plan_prefill_legacy";
-  const bool host = plan::check_batch(op, req_pool_indices, seq_lens, &extend_lens);
-  check_on_gpu(op, req_pool_indices);
-  plan::check_prefill_limits(op, req_pool_indices.size(0), num_q_tokens);
-  return prefill_cuda(op, plan::legacy_params(op, compress_ratio), req_pool_indices, seq_lens,
-                      extend_lens, num_q_tokens, host);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_online_prefill_cuda(
-    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, const at::Tensor& extend_lens,
-    int64_t num_q_tokens, int64_t state_slot_offset) {
-  const char* op = "plan_online_prefill";
-  const bool host = plan::check_batch(op, req_pool_indices, seq_lens, &extend_lens);
-  check_on_gpu(op, req_pool_indices);
-  plan::check_prefill_limits(op, req_pool_indices.size(0), num_q_tokens);
-  return prefill_cuda(op, plan::online_params(op, state_slot_offset), req_pool_indices, seq_lens,
-                      extend_lens, num_q_tokens, host);
-}
+struct CudaPlanner {
+  static void check_plan_device(const char* op, const at::Tensor& req_pool_indices) {
+    check_on_gpu(op, req_pool_indices);
+  }
+  static at::Tensor decode(const char* op, const PlanParams& p,
+                           const at::Tensor& req_pool_indices, const at::Tensor& seq_lens) {
+    return decode_cuda(op, p, req_pool_indices, seq_lens);
+  }
+  static plan::PrefillPlans prefill(const char* op, const PlanParams& p,
+                                    const at::Tensor& req_pool_indices,
+                                    const at::Tensor& seq_lens, const at::Tensor& extend_lens,
+                                    int64_t num_q_tokens, bool host_lengths) {
+    return prefill_cuda(op, p, req_pool_indices, seq_lens, extend_lens, num_q_tokens,
+                        host_lengths);
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(dsv4, CUDA, m) {
-  m.impl("plan_decode", &plan_decode_cuda);
-  m.impl("plan_decode_legacy", &plan_decode_legacy_cuda);
-  m.impl("plan_online_decode", &plan_online_decode_cuda);
-  m.impl("plan_prefill", &plan_prefill_cuda);
-  m.impl("plan_prefill_legacy", &plan_prefill_legacy_cuda);
-  m.impl("plan_online_prefill", &plan_online_prefill_cuda);
-}
+TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { plan::register_planner_ops<CudaPlanner>(m); }
 
 }  // namespace dsv4

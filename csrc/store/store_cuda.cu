@@ -1,14 +1,29 @@
 // compress_norm_rope_store, CUDA/HIP glue: checks, device guard, current stream, launch of
-// compress_norm_rope_store_kernel<format, kv type> (csrc/include/dsv4/store_kernels.cuh).
+// compress_norm_rope_store_kernel<format, kv type> (csrc/include/dsv4/store/store_kernel.cuh).
 // No host sync and no host allocation: safe inside CUDA-graph capture.
 #include <torch/library.h>
 
+#include <cstdlib>
+
 #include "cuda_glue.h"
-#include "include/dsv4/store_kernels.cuh"
+#include "include/dsv4/store/store_kernel.cuh"
 #include "store/store_checks.h"
 
 namespace dsv4 {
 namespace {
+
+// DSV4_OPS_TEST_STALE_PLAN=1 makes every plan guess of the store kernel wrong (load_early in
+// portability.h), so that the tests run the path that reloads from the plan read after the
+// wait, and the sanitizer sees that the loads of garbage guesses stay inside the buffers.
+// Only a test build (DSV4_TEST_HOOKS, see setup.py) has the hook; elsewhere asking for it is
+// an error rather than a test that silently runs the ordinary path.
+bool stale_plan_requested() {
+  static const bool requested = [] {
+    const char* e = std::getenv("DSV4_OPS_TEST_STALE_PLAN");
+    return e != nullptr && e[0] == '1';
+  }();
+  return requested;
+}
 
 bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
@@ -16,8 +31,7 @@ template <int kFormat, typename KvT>
 void launch_store(const StoreKernelArgs& a, const LaunchEnv& env) {
   // Whole 64-thread multiples (AMD wavefronts), at most kStoreMaxBlockThreads; fewer when
   // the rows would not fill every SM: a decode step's handful of rows then runs on as many
-  // SMs (measured on the H200, 8 fp8_ds_mla rows under graph replay: 1.94 us in one block of
-  // 256 threads, 1.59 us in four of 64).
+  // SMs (faster than one full block for small decode steps).
   const int64_t rows_per_sm = (a.n_rows + env.sms - 1) / env.sms;
   const int threads = int(std::min<int64_t>(kStoreMaxBlockThreads,
                                             (rows_per_sm * kLaneGroup + 63) / 64 * 64));
@@ -70,7 +84,12 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   a.vec_in = aligned(a.kv, 16) && aligned(a.norm_weight, 16) && aligned(a.freqs, 16) &&
              aligned(a.plan, 16);
   a.vec_out = aligned(a.cache, 8) && g.page_bytes % 8 == 0;
-  a.guess_xor = plan_guess_xor();
+#if defined(DSV4_TEST_HOOKS)
+  a.guess_xor = stale_plan_requested() ? 0x9e3779b9u : 0u;
+#else
+  DSV4_CHECK(!stale_plan_requested(), kStoreOp, "DSV4_OPS_TEST_STALE_PLAN=1",
+             "needs a test build of dsv4_ops (built with DSV4_OPS_TEST_HOOKS=1, see setup.py)");
+#endif
 
   const LaunchEnv env = launch_env(kvcache);
   if (kv.scalar_type() == at::kBFloat16)

@@ -1,5 +1,5 @@
 // HIP compile check: every compress_norm_rope_store kernel instantiation (4 formats x kv dtype).
-#include "../include/dsv4/store_kernels.cuh"
+#include "../include/dsv4/store/store_kernel.cuh"
 
 namespace dsv4 {
 #define DSV4_STORE_INSTANCES(FMT)                                                        \

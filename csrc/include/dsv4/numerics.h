@@ -123,14 +123,6 @@ DSV4_HD uint8_t f32_to_e4m3_satfinite(float x) {
   return uint8_t(sign | code);
 }
 
-DSV4_HD float e4m3_to_f32(uint8_t c) {
-  uint32_t sign = (c & 0x80u) ? 0x80000000u : 0u;
-  uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
-  if (e == 0xf && m == 7) return bits_f32(sign | 0x7fc00000u);
-  float v = e == 0 ? float(m) * 0.001953125f : bits_f32(((e + 120u) << 23) | (m << 20));
-  return sign ? -v : v;
-}
-
 // fp32 (already scaled) -> e2m1 nibble. Magnitude index = number of thresholds strictly
 // below |v| (clamped to 6); ties therefore go to the smaller magnitude, by contract.
 DSV4_HD uint8_t f32_to_e2m1(float v) {
@@ -139,12 +131,6 @@ DSV4_HD uint8_t f32_to_e2m1(float v) {
   uint8_t idx = uint8_t((a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) +
                         (a > 3.5f) + (a > 5.0f));
   return uint8_t(idx | ((v < 0.0f && idx != 0) ? 0x8 : 0));
-}
-
-DSV4_HD float e2m1_to_f32(uint8_t nib) {
-  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  float v = mag[nib & 7u];
-  return (nib & 8u) ? -v : v;
 }
 
 }  // namespace dsv4

@@ -51,9 +51,8 @@ struct PlanParams {
   Addressing addressing;
   int32_t cr;   // compress ratio, 4 or 128
   int32_t cr_shift;  // log2(cr): slot s lies on state page s >> cr_shift, and positions
-                     // count windows the same way. A division by the runtime cr sat on the
-                     // GPU decode planner's critical path (with cr a compile-time constant it
-                     // took 1.12 instead of 1.36 us, graph replay).
+                     // count windows the same way (a shift, not a division by the runtime cr
+                     // on the GPU decode planner's critical path).
   int32_t win;  // window rows: 8 (cr = 4) or 128
   Divisor ring;  // kSwaPaged / kReqRing: ring_size; kLegacy: win
   Divisor sps;   // kSwaPaged: swa_page_size (> 0); otherwise 1
@@ -137,14 +136,11 @@ inline PlanParams online_plan_params(int64_t state_slot_offset) {
 DSV4_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 DSV4_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// a / b and a % b for b > 0. Positions, slots, rings and page sizes of real batches fit 32
+// a / b for b > 0. Positions, slots, rings and page sizes of real batches fit 32
 // bits, where a GPU divides in a few instructions (64-bit division is a long subroutine, and
 // the decode planner did several per record); anything else takes the 64-bit form.
 DSV4_HD int64_t div_nn(int64_t a, int64_t b) {
   return ((uint64_t(a) | uint64_t(b)) >> 32) == 0 ? int64_t(uint32_t(a) / uint32_t(b)) : a / b;
-}
-DSV4_HD int64_t mod_nn(int64_t a, int64_t b) {
-  return ((uint64_t(a) | uint64_t(b)) >> 32) == 0 ? int64_t(uint32_t(a) % uint32_t(b)) : a % b;
 }
 
 // a / v.d and a % v.d for a < 2^31 and v.m != 0 (exact for a >= 0; callers discard the
@@ -213,9 +209,8 @@ DSV4_HD int32_t ring_slot32(const PlanParams& p, int64_t rid, int64_t pos) {
 }
 
 // slot_of(p, rid, pos0) and slot_of(p, rid, pos1). When every operand fits 31 bits (real
-// batches), one test picks a straight-line block that computes both. With a branch around
-// each of the four divisions the GPU decode planner of one SWA-paged request took 1.53 us
-// under graph replay, 1.29 us like this (H200); without any range check 1.21-1.22 us.
+// batches), one test picks a straight-line block that computes both (cheaper on the GPU than
+// a branch around each of the four divisions).
 DSV4_HD void slot_pair(const PlanParams& p, int64_t rid, int64_t pos0, int64_t pos1, int32_t& s0,
                        int32_t& s1) {
   const bool rid_ok = rid >= 0 && rid <= kMaxInt32;

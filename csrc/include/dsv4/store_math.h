@@ -1,5 +1,5 @@
 // compress_norm_rope_store (SPEC 1.3 and 4): torch-free math shared by the CPU kernel
-// (store_cpu.cpp) and the GPU kernel (store_kernels.cuh).
+// (store_cpu.cpp) and the GPU kernel (store/store_kernel.cuh).
 //
 // Both backends walk a token with the same "lane layout": 32 lanes, lane l holding the
 // values of dims 128*j + 4*l + k (j < hd/128, k < 4). The GPU runs one lane per thread; the
@@ -33,7 +33,6 @@ constexpr int kDsMlaGroup = 64;      // dims per UE8M0 scale in fp8_ds_mla
 constexpr int kFp4Group = 32;        // dims per UE8M0 scale in fp4_indexer
 constexpr float kScaleFloor = 1e-4f; // amax floor of every scale rule
 constexpr float kE4m3Max = 448.0f;
-constexpr float kE2m1Max = 6.0f;
 // 1/sqrt(128) rounded to fp32; the Hadamard multiplies by it once, after all butterflies.
 constexpr float kHadamardScale = 0.08838834764831845f;
 
