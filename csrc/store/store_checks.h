@@ -109,15 +109,16 @@ inline StoreGeometry check_store_args(const at::Tensor& kv, const at::Tensor& pl
   if (g.num_pages > 0) {
     g.page_bytes = kvcache.numel() / g.num_pages;
     const int64_t need = store_page_bytes(g.format, page_size);
-    const std::string fmt(store_format.data(), store_format.size());
     DSV4_CHECK(g.page_bytes >= need, op, "kvcache", "pages hold ", g.page_bytes,
-               " bytes but store_format ", fmt, " with page_size ", page_size, " needs ", need,
-               " (shape ", kvcache.sizes(), ")");
+               " bytes but store_format ", std::string(store_format.data(), store_format.size()),
+               " with page_size ", page_size, " needs ", need, " (shape ", kvcache.sizes(), ")");
     // A page may be padded, but not by a whole doubling: then page_size is not the cache's
     // (every token would land at the offsets of a smaller page).
     DSV4_CHECK(g.page_bytes < store_page_bytes(g.format, 2 * page_size), op, "page_size",
-               page_size, " does not match kvcache: its pages of ", g.page_bytes, " bytes hold page_size ", cache_page_size(g.format, g.page_bytes),
-               " of store_format ", fmt, " (page_size ", page_size, " needs ", need, " bytes)");
+               page_size, " does not match kvcache: its pages of ", g.page_bytes,
+               " bytes hold page_size ", cache_page_size(g.format, g.page_bytes),
+               " of store_format ", std::string(store_format.data(), store_format.size()),
+               " (page_size ", page_size, " needs ", need, " bytes)");
   }
   check_no_grad(kv, op, "kv");
   check_no_grad(norm_weight, op, "norm_weight");
