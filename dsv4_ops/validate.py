@@ -29,7 +29,10 @@ def debug_enabled() -> bool:
 
 
 def _words(plan: torch.Tensor, n: int) -> torch.Tensor:
-    return plan.contiguous().view(torch.int32).view(-1, n).to(torch.int64).cpu()
+    p = plan.contiguous()
+    if p.storage_offset() % 4 != 0:  # a view at an odd byte offset cannot be read as int32
+        p = p.clone()
+    return p.view(torch.int32).view(-1, n).to(torch.int64).cpu()
 
 
 def _fail(op: str, what: str, bad: torch.Tensor, rows: torch.Tensor) -> None:
@@ -182,10 +185,10 @@ def validate_swa_tables(op: str, req_pool_indices: torch.Tensor, seq_lens: torch
     for b, (rid, sl, el) in enumerate(zip(rids, sls, els)):
         if rid < 0 or rid >= r2t.shape[0] or sl <= 0:
             continue
-        hi = min(sl, r2t.shape[1])
-        pos = torch.arange(max(sl - max(el, 0) - window, 0), max(hi, 0), dtype=torch.int64)
-        if pos.numel() == 0:
+        lo, hi = max(sl - max(el, 0) - window, 0), min(sl, r2t.shape[1])
+        if hi <= lo:
             continue
+        pos = torch.arange(lo, hi, dtype=torch.int64)
         full = r2t[rid, pos].to(torch.int64)
         live = (full >= 0) & (full < f2s.shape[0])
         swa = torch.full_like(full, -1)
