@@ -71,6 +71,8 @@ class CompressorDecodePlan(NamedTuple):
                  req_to_token: torch.Tensor, full_to_state: torch.Tensor, seq_lens: torch.Tensor,
                  swa_page_size: int, ring_size: int, use_req_ring: bool = False
                  ) -> "CompressorDecodePlan":
+        """SWA-paged (cr = 4, use_req_ring False) precondition, checked in debug mode: SWA pages
+        are allocated page-aligned (ops.plan_decode). Index tensors must be integer tensors."""
         dev = req_to_token.device
         op = "plan_decode"
         plan = ops.plan_decode(_i64(req_pool_indices, op, "req_pool_indices", dev), req_to_token,
@@ -132,6 +134,7 @@ class CompressorPrefillPlan(NamedTuple):
                  full_to_state: torch.Tensor, swa_page_size: int, ring_size: int,
                  num_q_tokens: int, use_cuda_graph: bool = False, use_req_ring: bool = False
                  ) -> "CompressorPrefillPlan":
+        """As CompressorDecodePlan.generate: SWA pages page-aligned (checked in debug mode)."""
         op = "plan_prefill"
         plan_c, plan_w, counts = ops.plan_prefill(
             _i64(req_pool_indices, op, "req_pool_indices", req_to_token.device),
