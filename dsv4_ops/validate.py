@@ -180,26 +180,24 @@ def validate_swa_tables(op: str, req_pool_indices: torch.Tensor, seq_lens: torch
     rids = req_pool_indices.to(torch.int64).cpu().tolist()
     sls = seq_lens.to(torch.int64).cpu().tolist()
     els = [1] * len(sls) if extend_lens is None else extend_lens.to(torch.int64).cpu().tolist()
-    r2t = req_to_token.cpu()
-    f2s = full_to_state.to(torch.int64).cpu()
+    rows, ctx, n_full = req_to_token.shape[0], req_to_token.shape[1], full_to_state.shape[0]
     for b, (rid, sl, el) in enumerate(zip(rids, sls, els)):
-        if rid < 0 or rid >= r2t.shape[0] or sl <= 0:
+        lo, hi = max(sl - max(el, 0) - window, 0), min(sl, ctx)
+        if rid < 0 or rid >= rows or hi <= lo or n_full == 0:
             continue
-        lo, hi = max(sl - max(el, 0) - window, 0), min(sl, r2t.shape[1])
-        if hi <= lo:
-            continue
+        # gathered where the tables live: only the positions checked travel to the host
+        full_d = req_to_token[rid, lo:hi].to(torch.int64)
+        live_d = (full_d >= 0) & (full_d < n_full)
+        swa_d = torch.where(live_d, full_to_state[full_d.clamp(0, n_full - 1)], -1)
         pos = torch.arange(lo, hi, dtype=torch.int64)
-        full = r2t[rid, pos].to(torch.int64)
-        live = (full >= 0) & (full < f2s.shape[0])
-        swa = torch.full_like(full, -1)
-        swa[live] = f2s[full[live]]
-        live &= swa >= 0
+        full, swa = full_d.cpu(), swa_d.cpu()
+        live = swa >= 0
         pos, swa, full = pos[live], swa[live], full[live]
         shift = swa - pos
         bad = shift % sps != 0
-        same_block = torch.div(pos[1:], sps, rounding_mode="floor") == torch.div(pos[:-1], sps, rounding_mode="floor")
+        block = torch.div(pos, sps, rounding_mode="floor")
         split = torch.zeros_like(bad)
-        split[1:] = same_block & (shift[1:] != shift[:-1])
+        split[1:] = (block[1:] == block[:-1]) & (shift[1:] != shift[:-1])
         bad |= split
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
