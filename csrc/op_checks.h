@@ -3,6 +3,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <initializer_list>
@@ -37,6 +39,23 @@ inline void check_contiguous(const at::Tensor& t, const char* op, const char* ar
 inline void check_device(const at::Tensor& t, const at::Device& dev, const char* op,
                          const char* arg) {
   DSV4_CHECK(t.device() == dev, op, arg, "must be on ", dev, ", got ", t.device());
+}
+
+// The ops have no autograd formula: a tensor that would need a gradient is an error rather than
+// a silently detached result (parameters under torch.no_grad / inference_mode are fine).
+inline void check_no_grad(const at::Tensor& t, const char* op, const char* arg) {
+  DSV4_CHECK(!(t.requires_grad() && c10::GradMode::is_enabled()), op, arg,
+             "requires grad, but dsv4 ops have no autograd (no backward): call them under "
+             "torch.no_grad() or torch.inference_mode(), or pass a detached tensor");
+}
+
+// A tensor the op writes must not share memory with another argument (host pointer arithmetic,
+// both contiguous).
+inline void check_no_overlap(const at::Tensor& written, const char* written_arg,
+                             const at::Tensor& other, const char* other_arg, const char* op) {
+  const at::MemOverlapStatus s = at::get_overlap_status(written, other);
+  DSV4_CHECK(s != at::MemOverlapStatus::Full && s != at::MemOverlapStatus::Partial, op,
+             written_arg, "must not share memory with ", other_arg);
 }
 
 inline void check_ratio(int64_t cr, const char* op) {

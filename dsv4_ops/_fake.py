@@ -1,9 +1,118 @@
 """Fake (meta) implementations: output shapes and devices of every dsv4 op, so that the ops
-trace under torch.compile / torch.export without running a kernel."""
+trace under torch.compile / torch.export without running a kernel. Each fake makes the
+argument checks of its kernel that need no data (csrc/*/..._checks.h: dtypes, shapes, devices,
+scalars), with the same messages, so that meta or fake tensors are refused where the kernel
+would refuse the real ones."""
 import torch
 
 PLAN_RECORD_BYTES = 16   # DecodePlan, CompressPlan
 WRITE_RECORD_BYTES = 8   # WritePlan
+_MAX_INT32 = 2 ** 31 - 1
+_MAX_QUERY_TOKENS = 65536
+_MAX_BATCH = 65535
+_MAX_STORE_PAGE_SIZE = 2 ** 30
+_ROPE_DIM = 64
+
+
+def _check(cond, op: str, arg: str, msg) -> None:
+    torch._check(cond, lambda: f"dsv4.{op}: {arg} {msg() if callable(msg) else msg}")
+
+
+def _dtype(t, op, arg, *allowed) -> None:
+    _check(t.dtype in allowed, op, arg,
+           lambda: f"must have dtype {'/'.join(str(d) for d in allowed)}, got {t.dtype}")
+
+
+def _dim(t, op, arg, dim) -> None:
+    _check(t.dim() == dim, op, arg, lambda: f"must be {dim}-D, got shape {list(t.shape)}")
+
+
+def _contiguous(t, op, arg) -> None:
+    _check(t.is_contiguous(), op, arg, lambda: f"must be contiguous (got strides {t.stride()})")
+
+
+def _device(t, dev, op, arg) -> None:
+    _check(t.device == dev, op, arg, lambda: f"must be on {dev}, got {t.device}")
+
+
+def _ratio(cr, op) -> None:
+    _check(cr in (4, 128), op, "compress_ratio", lambda: f"must be 4 or 128, got {cr}")
+
+
+def _window(cr) -> int:
+    return 8 if cr == 4 else 128
+
+
+def _plan_tensor(t, op, arg, record_bytes) -> None:
+    _dtype(t, op, arg, torch.uint8)
+    _dim(t, op, arg, 2)
+    _check(t.shape[1] == record_bytes, op, arg,
+           lambda: f"must have {record_bytes} bytes per record, got shape {list(t.shape)}")
+    _contiguous(t, op, arg)
+
+
+# ---- planners (csrc/plan/plan_checks.h) -----------------------------------------------------
+
+def _vector(t, op, arg) -> None:
+    _dtype(t, op, arg, torch.int64)
+    _dim(t, op, arg, 1)
+
+
+def _batch(op, req_pool_indices, seq_lens, extend_lens=None, decode=True) -> None:
+    _vector(req_pool_indices, op, "req_pool_indices")
+    _vector(seq_lens, op, "seq_lens")
+    B = req_pool_indices.shape[0]
+    _check(seq_lens.shape[0] == B, op, "seq_lens",
+           lambda: f"must have one entry per request ({B}), got {seq_lens.shape[0]}")
+    if extend_lens is not None:
+        _vector(extend_lens, op, "extend_lens")
+        _check(extend_lens.shape[0] == B, op, "extend_lens",
+               lambda: f"must have one entry per request ({B}), got {extend_lens.shape[0]}")
+        _device(extend_lens, seq_lens.device, op, "extend_lens")
+    if decode:
+        _device(seq_lens, req_pool_indices.device, op, "seq_lens")
+    else:
+        _check(seq_lens.device.type == "cpu" or seq_lens.device == req_pool_indices.device, op,
+               "seq_lens", lambda: f"must be on the host or on the device of req_pool_indices "
+                                   f"({req_pool_indices.device}), got {seq_lens.device}")
+
+
+def _prefill_limits(op, batch, num_q_tokens) -> None:
+    _check(0 <= num_q_tokens <= _MAX_QUERY_TOKENS, op, "num_q_tokens",
+           lambda: f"must be in [0, {_MAX_QUERY_TOKENS}] (ragged ids are 16-bit), got {num_q_tokens}")
+    _check(batch <= _MAX_BATCH, op, "req_pool_indices",
+           lambda: f"batch size must be <= {_MAX_BATCH} (batch indices are 16-bit), got {batch}")
+
+
+def _paged(op, req_to_token, full_to_state, cr, sps, ring, use_req_ring, dev) -> None:
+    _ratio(cr, op)
+    req_ring = use_req_ring or cr == 128
+    _check(0 < ring <= _MAX_INT32, op, "ring_size", lambda: f"must be in [1, 2^31), got {ring}")
+    _check(ring % cr == 0, op, "ring_size",
+           lambda: f"must be a multiple of compress_ratio ({cr}), got {ring}")
+    _dtype(req_to_token, op, "req_to_token", torch.int32)
+    _dim(req_to_token, op, "req_to_token", 2)
+    _device(req_to_token, dev, op, "req_to_token")
+    _check(req_to_token.shape[1] <= 1 or req_to_token.stride(1) == 1, op, "req_to_token",
+           lambda: f"must have unit column stride, got strides {req_to_token.stride()}")
+    win = _window(cr)
+    _check(ring >= win, op, "ring_size",
+           lambda: f"must be >= the window ({win}) with "
+                   f"{'request-ring' if req_ring else 'SWA-paged'} addressing, got {ring}")
+    if req_ring:
+        return
+    _check(0 < sps <= _MAX_INT32, op, "swa_page_size", lambda: f"must be in [1, 2^31), got {sps}")
+    _check(sps % ring == 0, op, "swa_page_size",
+           lambda: f"must be a multiple of ring_size ({ring}), got {sps}")
+    _dtype(full_to_state, op, "full_to_state", torch.int64)
+    _dim(full_to_state, op, "full_to_state", 1)
+    _contiguous(full_to_state, op, "full_to_state")
+    _device(full_to_state, dev, op, "full_to_state")
+
+
+def _online(op, state_slot_offset) -> None:
+    _check(0 <= state_slot_offset <= _MAX_INT32, op, "state_slot_offset",
+           lambda: f"must be in [0, 2^31), got {state_slot_offset}")
 
 
 def _decode_plan(req_pool_indices):
@@ -20,41 +129,172 @@ def _prefill_plans(req_pool_indices, seq_lens, num_q_tokens, write_bytes):
 @torch.library.register_fake("dsv4::plan_decode")
 def _(req_pool_indices, req_to_token, full_to_state, seq_lens, compress_ratio, swa_page_size,
       ring_size, use_req_ring):
+    op = "plan_decode"
+    _batch(op, req_pool_indices, seq_lens)
+    _paged(op, req_to_token, full_to_state, compress_ratio, swa_page_size, ring_size,
+           use_req_ring, req_pool_indices.device)
     return _decode_plan(req_pool_indices)
 
 
 @torch.library.register_fake("dsv4::plan_decode_legacy")
 def _(req_pool_indices, seq_lens, compress_ratio):
+    op = "plan_decode_legacy"
+    _batch(op, req_pool_indices, seq_lens)
+    _ratio(compress_ratio, op)
     return _decode_plan(req_pool_indices)
 
 
 @torch.library.register_fake("dsv4::plan_online_decode")
 def _(req_pool_indices, seq_lens, state_slot_offset):
+    op = "plan_online_decode"
+    _batch(op, req_pool_indices, seq_lens)
+    _online(op, state_slot_offset)
     return _decode_plan(req_pool_indices)
 
 
 @torch.library.register_fake("dsv4::plan_prefill")
 def _(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state, compress_ratio,
       swa_page_size, ring_size, num_q_tokens, use_req_ring):
+    op = "plan_prefill"
+    _batch(op, req_pool_indices, seq_lens, extend_lens, decode=False)
+    _prefill_limits(op, req_pool_indices.shape[0], num_q_tokens)
+    _paged(op, req_to_token, full_to_state, compress_ratio, swa_page_size, ring_size,
+           use_req_ring, req_pool_indices.device)
     return _prefill_plans(req_pool_indices, seq_lens, num_q_tokens, WRITE_RECORD_BYTES)
 
 
 @torch.library.register_fake("dsv4::plan_prefill_legacy")
 def _(req_pool_indices, seq_lens, extend_lens, compress_ratio, num_q_tokens):
+    op = "plan_prefill_legacy"
+    _batch(op, req_pool_indices, seq_lens, extend_lens, decode=False)
+    _prefill_limits(op, req_pool_indices.shape[0], num_q_tokens)
+    _ratio(compress_ratio, op)
     return _prefill_plans(req_pool_indices, seq_lens, num_q_tokens, WRITE_RECORD_BYTES)
 
 
 @torch.library.register_fake("dsv4::plan_online_prefill")
 def _(req_pool_indices, seq_lens, extend_lens, num_q_tokens, state_slot_offset):
+    op = "plan_online_prefill"
+    _batch(op, req_pool_indices, seq_lens, extend_lens, decode=False)
+    _prefill_limits(op, req_pool_indices.shape[0], num_q_tokens)
+    _online(op, state_slot_offset)
     return _prefill_plans(req_pool_indices, seq_lens, num_q_tokens, PLAN_RECORD_BYTES)
+
+
+# ---- compress_forward (csrc/compress/compress_checks.h) -------------------------------------
+
+def _state_row(cr, hd, online) -> int:
+    return 3 * hd if online else (4 * hd if cr == 4 else 2 * hd)
 
 
 @torch.library.register_fake("dsv4::compress_forward")
 def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compress_ratio, is_online):
+    op = "compress_forward"
+    _check(head_dim in (128, 512), op, "head_dim", lambda: f"must be 128 or 512, got {head_dim}")
+    _ratio(compress_ratio, op)
+    _check(not is_online or compress_ratio == 128, op, "is_online",
+           lambda: f"needs compress_ratio 128 (the online running state is cr = 128 only), got "
+                   f"{compress_ratio}")
+    cr, hd = compress_ratio, head_dim
+    st_row = _state_row(cr, hd, is_online)
+    _dtype(kv_score_buffer, op, "kv_score_buffer", torch.float32, torch.bfloat16)
+    _check(kv_score_buffer.dim() >= 2 and kv_score_buffer.shape[-1] == st_row, op,
+           "kv_score_buffer", lambda: f"must be [num_pages, page_rows, {st_row}], got shape "
+                                      f"{list(kv_score_buffer.shape)}")
+    _contiguous(kv_score_buffer, op, "kv_score_buffer")
+    in_row = 4 * hd if cr == 4 else 2 * hd
+    _dtype(kv_score_input, op, "kv_score_input", torch.float32, torch.bfloat16)
+    _dim(kv_score_input, op, "kv_score_input", 2)
+    _check(kv_score_input.shape[1] == in_row, op, "kv_score_input",
+           lambda: f"must have {in_row} columns, got shape {list(kv_score_input.shape)}")
+    _contiguous(kv_score_input, op, "kv_score_input")
+    win = _window(cr)
+    _dtype(ape, op, "ape", torch.float32, torch.bfloat16, torch.float16)
+    _dim(ape, op, "ape", 2)
+    _check(ape.shape[0] == win and ape.shape[1] == hd, op, "ape",
+           lambda: f"must be [{win}, {hd}], got shape {list(ape.shape)}")
+    _contiguous(ape, op, "ape")
+    _plan_tensor(plan, op, "plan", PLAN_RECORD_BYTES)
+    if plan_w is not None:
+        _plan_tensor(plan_w, op, "plan_w", PLAN_RECORD_BYTES if is_online else WRITE_RECORD_BYTES)
+    else:
+        _check(kv_score_input.shape[0] == plan.shape[0], op, "kv_score_input",
+               lambda: f"must have one row per decode plan row ({plan.shape[0]}), got "
+                       f"{kv_score_input.shape[0]}")
+    _dtype(out, op, "out", torch.float32, torch.bfloat16)
+    _dim(out, op, "out", 2)
+    _check(out.shape[0] == plan.shape[0] and out.shape[1] == hd, op, "out",
+           lambda: f"must be [{plan.shape[0]}, {hd}] (plan rows x head_dim), got shape "
+                   f"{list(out.shape)}")
+    _contiguous(out, op, "out")
+    dev = kv_score_buffer.device
+    for t, arg in ((kv_score_input, "kv_score_input"), (ape, "ape"), (plan, "plan"),
+                   (plan_w, "plan_w"), (out, "out")):
+        if t is not None:
+            _device(t, dev, op, arg)
     return None
+
+
+# ---- compress_norm_rope_store (csrc/store/store_checks.h) -----------------------------------
+
+_STORE_HEAD_DIM = {"fp8_ds_mla": 512, "bf16": 512, "fp8_indexer": 128, "fp4_indexer": 128}
+
+
+def _store_page_bytes(fmt, ps) -> int:
+    if fmt == "fp8_ds_mla":
+        return (584 * ps + 575) // 576 * 576
+    return {"bf16": 1024, "fp8_indexer": 132, "fp4_indexer": 68}[fmt] * ps
 
 
 @torch.library.register_fake("dsv4::compress_norm_rope_store")
 def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio, eps, page_size,
       store_format):
+    op = "compress_norm_rope_store"
+    _check(store_format in _STORE_HEAD_DIM, op, "store_format",
+           lambda: f"must be one of fp8_ds_mla, bf16, fp8_indexer, fp4_indexer, got "
+                   f"'{store_format}'")
+    hd = _STORE_HEAD_DIM[store_format]
+    _ratio(compress_ratio, op)
+    _check(1 <= page_size <= _MAX_STORE_PAGE_SIZE and page_size & (page_size - 1) == 0, op,
+           "page_size", lambda: f"must be a power of two in [1, 2^30], got {page_size}")
+    dev = kvcache.device
+    for t, arg in ((kv, "kv"), (plan, "plan"), (norm_weight, "norm_weight"), (freqs, "freqs"),
+                   (out_loc, "out_loc")):
+        _device(t, dev, op, arg)
+    _dtype(kv, op, "kv", torch.float32, torch.bfloat16)
+    _dim(kv, op, "kv", 2)
+    _check(kv.shape[1] == hd, op, "kv",
+           lambda: f"must have {hd} columns (head_dim) for store_format {store_format}, got "
+                   f"shape {list(kv.shape)}")
+    _contiguous(kv, op, "kv")
+    _plan_tensor(plan, op, "plan", PLAN_RECORD_BYTES)
+    _check(plan.shape[0] == kv.shape[0], op, "plan",
+           lambda: f"must have one record per kv row ({kv.shape[0]}), got {plan.shape[0]}")
+    _dtype(norm_weight, op, "norm_weight", torch.float32, torch.bfloat16)
+    _dim(norm_weight, op, "norm_weight", 1)
+    _check(norm_weight.shape[0] == hd, op, "norm_weight",
+           lambda: f"must have {hd} elements, got shape {list(norm_weight.shape)}")
+    _contiguous(norm_weight, op, "norm_weight")
+    _dtype(freqs, op, "freqs", torch.float32)
+    _dim(freqs, op, "freqs", 2)
+    _check(freqs.shape[1] == _ROPE_DIM, op, "freqs",
+           lambda: f"must be [max_pos, 64] (cos, sin pairs), got shape {list(freqs.shape)}")
+    _contiguous(freqs, op, "freqs")
+    _dtype(out_loc, op, "out_loc", torch.int32, torch.int64)
+    _dim(out_loc, op, "out_loc", 1)
+    _contiguous(out_loc, op, "out_loc")
+    _dtype(kvcache, op, "kvcache", torch.uint8)
+    _check(kvcache.dim() >= 1, op, "kvcache", "must have a page dimension, got a scalar")
+    _contiguous(kvcache, op, "kvcache")
+    if kvcache.shape[0] > 0:
+        page_bytes = kvcache.numel() // kvcache.shape[0]
+        need = _store_page_bytes(store_format, page_size)
+        _check(page_bytes >= need, op, "kvcache",
+               lambda: f"pages hold {page_bytes} bytes but store_format {store_format} with "
+                       f"page_size {page_size} needs {need}")
+        _check(page_bytes < _store_page_bytes(store_format, 2 * page_size), op, "page_size",
+               lambda: f"{page_size} does not match kvcache: its pages of {page_bytes} bytes "
+                       f"hold a larger page_size of store_format {store_format}")
+    _check(0.0 <= eps <= 1.7976931348623157e308, op, "eps",
+           lambda: f"(norm_eps) must be finite and >= 0, got {eps}")
     return None

@@ -1,10 +1,11 @@
 """The reference engine's compressor API (SPEC 5), so that engine code runs on dsv4_ops by
 changing one import: compress_forward and compress_norm_rope_store taking plan objects."""
+import math
 from typing import Optional, Union
 
 import torch
 
-from . import ops, validate
+from . import ops
 from .layout import STORE_FORMATS
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 
@@ -18,14 +19,20 @@ def compress_forward(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor
     (or the online running state) the plan asks for into `kv_score_buffer`.
 
     N is the number of plan rows (decode: batch size, rows that close no window are zeros;
-    prefill: plan_c rows, invalid rows are zeros). `out` defaults to kv_score_input's dtype.
+    prefill: plan_c rows, invalid rows are zeros). `out` defaults to kv_score_input's dtype and
+    must not share memory with the other arguments. No autograd: run under torch.no_grad() or
+    torch.inference_mode(). Precondition (checked in debug mode): the plan was made for this
+    call (online planners for is_online) and addresses rows inside the buffers.
     """
-    if plan.compress_ratio != compress_ratio:
+    try:
+        plan_ratio, decode = plan.compress_ratio, plan.is_decode
+    except AttributeError as err:
+        _check_plan("compress_forward", plan, err)
+        raise
+    if plan_ratio != compress_ratio:
         raise ValueError(f"dsv4.compress_forward: compress_ratio={compress_ratio} but the plan "
-                         f"was built for {plan.compress_ratio}")
-    rows, plan_w = plan[1], (None if plan.is_decode else plan[2])
-    if validate.debug_enabled():
-        validate.validate_compress(plan, kv_score_buffer, kv_score_input, is_online)
+                         f"was built for {plan_ratio}")
+    rows, plan_w = plan[1], (None if decode else plan[2])
     if out is None:
         out = kv_score_input.new_empty((rows.shape[0], head_dim))
     ops.compress_forward_op(kv_score_buffer, kv_score_input, ape, rows, plan_w, out, head_dim,
@@ -48,13 +55,38 @@ def store_format_of(head_dim: int, use_fp4: bool = False, bf16_store: bool = Fal
     return "fp4_indexer" if use_fp4 else "fp8_indexer"
 
 
+# The Python layer's own checks run only once a call has failed (no host time on the hot
+# path): they name the argument as this API spells it, or let the op's error through.
+
+def _check_plan(fn: str, plan, err: Exception) -> None:
+    if not isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)):
+        raise TypeError(f"dsv4.{fn}: plan must be a CompressorDecodePlan or CompressorPrefillPlan "
+                        f"(from their generate* methods), got {type(plan).__name__}; the raw "
+                        f"plan tensors go to dsv4_ops.ops.{fn}_op") from err
+
+
+def _check_store_args(plan, norm_eps, freq_cis, err: Exception) -> None:
+    _check_plan("compress_norm_rope_store", plan, err)
+    eps = float(norm_eps)
+    if not 0.0 <= eps < math.inf:
+        raise ValueError(f"dsv4.compress_norm_rope_store: norm_eps must be finite and >= 0, got "
+                         f"{norm_eps}") from err
+    want = 32 if freq_cis.is_complex() else 64
+    if freq_cis.dim() != 2 or freq_cis.shape[1] != want \
+            or freq_cis.dtype not in (torch.complex64, torch.float32) \
+            or not freqs_as_real(freq_cis).is_contiguous():
+        raise ValueError(f"dsv4.compress_norm_rope_store: freq_cis must be complex64 "
+                         f"[max_pos, 32] (or its real view, float32 [max_pos, 64]), contiguous, "
+                         f"got {freq_cis.dtype} {list(freq_cis.shape)} with strides "
+                         f"{freq_cis.stride()}") from err
+
+
 def freqs_as_real(freq_cis: torch.Tensor) -> torch.Tensor:
     """complex [max_pos, 32] -> fp32 [max_pos, 64] = (cos0, sin0, cos1, sin1, ...), a view."""
     if not freq_cis.is_complex():
         return freq_cis
     if freq_cis.dtype == torch.complex64 and freq_cis.stride(-1) == 1:
-        # One view op, on every store call of a complex table: view_as_real + flatten are two
-        # (about 5.5 us of host time against 1.3 here).
+        # One view op, on every store call of a complex table: view_as_real + flatten are two.
         return freq_cis.view(torch.float32)
     return torch.view_as_real(freq_cis).flatten(-2)
 
@@ -64,12 +96,20 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch
                              kvcache: torch.Tensor, page_size: int, use_fp4: bool = False,
                              bf16_store: bool = False) -> None:
     """RMSNorm + RoPE (+ Hadamard for head_dim 128) of every compressed token the plan makes,
-    quantised into the paged cache at out_loc. Rows that close no window write nothing."""
+    quantised into the paged cache at out_loc. Rows that close no window write nothing.
+
+    page_size is the cache's (kvcache pages hold the format's bytes for page_size, padded by
+    less than a doubling); norm_eps is finite and >= 0. No autograd. Preconditions (checked in
+    debug mode): each active row's RoPE position seq_len - compress_ratio is a row of freq_cis
+    (rows past the table store nothing) and its out_loc is inside the cache (negative: nothing
+    stored)."""
     if kv.dim() != 2:
         raise ValueError(f"dsv4.compress_norm_rope_store: kv must be 2-D [N, head_dim], got {tuple(kv.shape)}")
     fmt = store_format_of(kv.shape[1], use_fp4, bf16_store)
-    if validate.debug_enabled():
-        validate.validate_store(plan, out_loc, kvcache, page_size, freq_cis.shape[0])
-    ops.compress_norm_rope_store_op(kv, plan[1], norm_weight, freqs_as_real(freq_cis), out_loc,
-                                    kvcache, plan.is_decode, plan.compress_ratio, float(norm_eps),
-                                    int(page_size), fmt)
+    try:
+        ops.compress_norm_rope_store_op(kv, plan[1], norm_weight, freqs_as_real(freq_cis),
+                                        out_loc, kvcache, plan.is_decode, plan.compress_ratio,
+                                        float(norm_eps), int(page_size), fmt)
+    except (AttributeError, IndexError, RuntimeError, TypeError, ValueError) as err:
+        _check_store_args(plan, norm_eps, freq_cis, err)
+        raise

@@ -1,11 +1,17 @@
 """Typed wrappers of torch.ops.dsv4.*: one function per operator, same arguments as the
-schema in csrc/registration.cpp. The plan classes and compressor functions build on these."""
+schema in csrc/registration.cpp. The plan classes and compressor functions build on these.
+
+These ops have no autograd (no backward): call them under torch.no_grad() or
+torch.inference_mode(); a tensor that requires grad while grad mode is on is an error. In debug
+mode (DSV4_OPS_DEBUG=1, dsv4_ops.set_debug(True)) every wrapper here also runs the
+data-dependent checks of dsv4_ops.validate (which sync with the device)."""
 from typing import Optional, Tuple
 
 import torch
 
 from . import _library  # noqa: F401  (loads the operator library)
 from . import _fake  # noqa: F401  (registers the fake implementations)
+from . import validate
 
 _ops = torch.ops.dsv4
 
@@ -15,9 +21,25 @@ STORE_FORMATS = ("fp8_ds_mla", "bf16", "fp8_indexer", "fp4_indexer")
 def plan_decode(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
                 full_to_state: torch.Tensor, seq_lens: torch.Tensor, compress_ratio: int,
                 swa_page_size: int, ring_size: int, use_req_ring: bool = False) -> torch.Tensor:
-    """DecodePlan [B, 16] uint8 (SPEC 3.2), SWA-paged or request-ring slots."""
-    return _ops.plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens,
+    """DecodePlan [B, 16] uint8 (SPEC 3.2), SWA-paged or request-ring slots.
+
+    Preconditions (SWA-paged, checked in debug mode): SWA pages are allocated page-aligned,
+    full_to_state[req_to_token[rid, pos]] % swa_page_size == pos % swa_page_size, and the
+    positions of one swa_page_size block map into one SWA page."""
+    plan = _ops.plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens,
                             compress_ratio, swa_page_size, ring_size, use_req_ring)
+    if validate.debug_enabled() and _swa_paged(compress_ratio, use_req_ring):
+        validate.validate_swa_tables("plan_decode", req_pool_indices, seq_lens, None, req_to_token,
+                                     full_to_state, swa_page_size, _window(compress_ratio))
+    return plan
+
+
+def _swa_paged(compress_ratio: int, use_req_ring: bool) -> bool:
+    return compress_ratio == 4 and not use_req_ring
+
+
+def _window(compress_ratio: int) -> int:
+    return 8 if compress_ratio == 4 else 128
 
 
 def plan_decode_legacy(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
@@ -38,10 +60,17 @@ def plan_prefill(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                  ring_size: int, num_q_tokens: int, use_req_ring: bool = False
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(plan_c [num_q_tokens, 16], plan_w [num_q_tokens, 8], counts int32 [2]) (SPEC 3.3).
-    Valid records first, then invalid ones; counts (on seq_lens' device) = valid rows."""
-    return _ops.plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token,
-                             full_to_state, compress_ratio, swa_page_size, ring_size,
-                             num_q_tokens, use_req_ring)
+    Valid records first, then invalid ones; counts (on seq_lens' device) = valid rows.
+
+    Preconditions: as plan_decode (SWA pages page-aligned, checked in debug mode)."""
+    out = _ops.plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token,
+                            full_to_state, compress_ratio, swa_page_size, ring_size,
+                            num_q_tokens, use_req_ring)
+    if validate.debug_enabled() and _swa_paged(compress_ratio, use_req_ring):
+        validate.validate_swa_tables("plan_prefill", req_pool_indices, seq_lens, extend_lens,
+                                     req_to_token, full_to_state, swa_page_size,
+                                     _window(compress_ratio))
+    return out
 
 
 def plan_prefill_legacy(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
@@ -65,7 +94,14 @@ def compress_forward_op(kv_score_buffer: torch.Tensor, kv_score_input: torch.Ten
                         ape: torch.Tensor, plan: torch.Tensor, plan_w: Optional[torch.Tensor],
                         out: torch.Tensor, head_dim: int, compress_ratio: int,
                         is_online: bool = False) -> None:
-    """Raw compress_forward: decode when plan_w is None. Writes `out` and the state."""
+    """Raw compress_forward: decode when plan_w is None. Writes `out` and the state.
+
+    Preconditions (checked in debug mode): `plan` / `plan_w` were made by the planner of this
+    kind (decode / prefill, offline / online) for this compress_ratio, and address rows inside
+    kv_score_buffer and kv_score_input. `out` must not share memory with any input."""
+    if validate.debug_enabled():
+        validate.validate_compress_rows(plan, plan_w, compress_ratio, kv_score_buffer,
+                                        kv_score_input, is_online)
     _ops.compress_forward(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim,
                           compress_ratio, is_online)
 
@@ -74,6 +110,15 @@ def compress_norm_rope_store_op(kv: torch.Tensor, plan: torch.Tensor, norm_weigh
                                 freqs: torch.Tensor, out_loc: torch.Tensor,
                                 kvcache: torch.Tensor, is_decode: bool, compress_ratio: int,
                                 eps: float, page_size: int, store_format: str) -> None:
-    """Raw compress_norm_rope_store: freqs is fp32 [max_pos, 64] (cos, sin interleaved)."""
+    """Raw compress_norm_rope_store: freqs is fp32 [max_pos, 64] (cos, sin interleaved).
+
+    Preconditions (checked in debug mode): `plan` was made by a planner of the kind `is_decode`
+    says for this compress_ratio; every active row's RoPE position seq_len - compress_ratio is
+    a row of freqs (rows past the table store nothing) and its destination out_loc is inside
+    kvcache (negative: nothing stored). page_size is the cache's: kvcache pages hold at least
+    the format's bytes for page_size and fewer than for 2 * page_size (checked always)."""
+    if validate.debug_enabled():
+        validate.validate_store_rows(plan, is_decode, compress_ratio, out_loc, kvcache, page_size,
+                                     freqs.shape[0])
     _ops.compress_norm_rope_store(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode,
                                   compress_ratio, eps, page_size, store_format)

@@ -11,9 +11,13 @@ _INVALID_COMPRESS_RECORD = (-1, 0, -1, -1)  # as int32 words (SPEC 3.1)
 _INVALID_WRITE_RECORD = (-1, -1)
 
 
-def _i64(t: torch.Tensor, device: Optional[torch.device] = None) -> torch.Tensor:
+def _i64(t: torch.Tensor, op: str, arg: str,
+         device: Optional[torch.device] = None) -> torch.Tensor:
     if t.dtype == torch.int64 and (device is None or t.device == device):
         return t  # what .to would return, without its dispatch (planning is host-latency bound)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"dsv4.{op}: {arg} must be an integer tensor (int64 or int32), got "
+                        f"{t.dtype}")
     return t.to(device=device if device is not None else t.device, dtype=torch.int64)
 
 
@@ -22,12 +26,22 @@ def _fill_invalid(plan: torch.Tensor, start: int, words) -> None:
     rows.copy_(torch.tensor(words, dtype=torch.int32, device=plan.device).expand_as(rows))
 
 
-def _copy_rows(dst: torch.Tensor, src: torch.Tensor, invalid_words) -> None:
+def _check_copy(op: str, self_plan, other, cls) -> None:
+    if not isinstance(other, cls):
+        raise TypeError(f"dsv4.{op}: other must be a {cls.__name__}, got {type(other).__name__}")
+    if other.compress_ratio != self_plan.compress_ratio:
+        raise ValueError(f"dsv4.{op}: other has compress_ratio {other.compress_ratio}, this plan "
+                         f"{self_plan.compress_ratio}")
+
+
+def _copy_rows(op: str, arg: str, dst: torch.Tensor, src: torch.Tensor, invalid_words) -> None:
     """Copy `src` plan rows into `dst` (which may be a longer, padded capture buffer) and mark
     the rows past them invalid."""
     n = src.shape[0]
-    if n > dst.shape[0]:
-        raise ValueError(f"dsv4 plan copy_: source has {n} rows, destination only {dst.shape[0]}")
+    if n > dst.shape[0] or src.shape[1:] != dst.shape[1:]:
+        raise ValueError(f"dsv4.{op}: other's {arg} is {tuple(src.shape)}, this plan's "
+                         f"{tuple(dst.shape)}: it needs at most as many rows, of the same record "
+                         f"size")
     dst[:n].copy_(src)
     if n < dst.shape[0]:
         _fill_invalid(dst, n, invalid_words)
@@ -42,9 +56,14 @@ class CompressorDecodePlan(NamedTuple):
         return True
 
     def copy_(self, other: "CompressorDecodePlan") -> None:
-        """In-place update (e.g. of a CUDA-graph's static plan) from a freshly built plan."""
-        if other.compress_ratio != self.compress_ratio:
-            raise ValueError("dsv4 CompressorDecodePlan.copy_: compress_ratio differs")
+        """In-place update (e.g. of a CUDA-graph's static plan) from a freshly built plan of the
+        same compress ratio and batch size."""
+        op = "CompressorDecodePlan.copy_"
+        _check_copy(op, self, other, CompressorDecodePlan)
+        if other.plan_d.shape != self.plan_d.shape:
+            raise ValueError(f"dsv4.{op}: other has {other.plan_d.shape[0]} batch entries, this "
+                             f"plan {self.plan_d.shape[0]} (decode plans copy between equal batch "
+                             f"sizes)")
         self.plan_d.copy_(other.plan_d)
 
     @classmethod
@@ -52,25 +71,32 @@ class CompressorDecodePlan(NamedTuple):
                  req_to_token: torch.Tensor, full_to_state: torch.Tensor, seq_lens: torch.Tensor,
                  swa_page_size: int, ring_size: int, use_req_ring: bool = False
                  ) -> "CompressorDecodePlan":
+        """SWA-paged (cr = 4, use_req_ring False) precondition, checked in debug mode: SWA pages
+        are allocated page-aligned (ops.plan_decode). Index tensors must be integer tensors."""
         dev = req_to_token.device
-        plan = ops.plan_decode(_i64(req_pool_indices, dev), req_to_token, full_to_state,
-                               _i64(seq_lens, dev), compress_ratio, swa_page_size, ring_size,
-                               use_req_ring)
+        op = "plan_decode"
+        plan = ops.plan_decode(_i64(req_pool_indices, op, "req_pool_indices", dev), req_to_token,
+                               full_to_state, _i64(seq_lens, op, "seq_lens", dev), compress_ratio,
+                               swa_page_size, ring_size, use_req_ring)
         return cls(compress_ratio, plan)
 
     @classmethod
     def generate_legacy(cls, compress_ratio: int, req_pool_indices: torch.Tensor,
                         seq_lens: torch.Tensor) -> "CompressorDecodePlan":
         dev = req_pool_indices.device
-        return cls(compress_ratio, ops.plan_decode_legacy(_i64(req_pool_indices), _i64(seq_lens, dev),
-                                                          compress_ratio))
+        op = "plan_decode_legacy"
+        return cls(compress_ratio, ops.plan_decode_legacy(
+            _i64(req_pool_indices, op, "req_pool_indices"), _i64(seq_lens, op, "seq_lens", dev),
+            compress_ratio))
 
     @classmethod
     def generate_online(cls, seq_lens: torch.Tensor, req_pool_indices: torch.Tensor,
                         req_to_token: torch.Tensor, state_slot_offset: int = 0
                         ) -> "CompressorDecodePlan":
         dev = req_to_token.device
-        return cls(128, ops.plan_online_decode(_i64(req_pool_indices, dev), _i64(seq_lens, dev),
+        op = "plan_online_decode"
+        return cls(128, ops.plan_online_decode(_i64(req_pool_indices, op, "req_pool_indices", dev),
+                                               _i64(seq_lens, op, "seq_lens", dev),
                                                state_slot_offset))
 
 
@@ -95,11 +121,11 @@ class CompressorPrefillPlan(NamedTuple):
 
     def copy_(self, other: "CompressorPrefillPlan") -> None:
         """In-place update of a padded (CUDA-graph) plan; rows past `other`'s are invalid."""
-        if other.compress_ratio != self.compress_ratio:
-            raise ValueError("dsv4 CompressorPrefillPlan.copy_: compress_ratio differs")
-        _copy_rows(self.plan_c, other.plan_c, _INVALID_COMPRESS_RECORD)
+        op = "CompressorPrefillPlan.copy_"
+        _check_copy(op, self, other, CompressorPrefillPlan)
+        _copy_rows(op, "plan_c", self.plan_c, other.plan_c, _INVALID_COMPRESS_RECORD)
         w_invalid = _INVALID_WRITE_RECORD if self.plan_w.shape[1] == 8 else _INVALID_COMPRESS_RECORD
-        _copy_rows(self.plan_w, other.plan_w, w_invalid)
+        _copy_rows(op, "plan_w", self.plan_w, other.plan_w, w_invalid)
         self.counts.copy_(other.counts)
 
     @classmethod
@@ -108,9 +134,11 @@ class CompressorPrefillPlan(NamedTuple):
                  full_to_state: torch.Tensor, swa_page_size: int, ring_size: int,
                  num_q_tokens: int, use_cuda_graph: bool = False, use_req_ring: bool = False
                  ) -> "CompressorPrefillPlan":
+        """As CompressorDecodePlan.generate: SWA pages page-aligned (checked in debug mode)."""
+        op = "plan_prefill"
         plan_c, plan_w, counts = ops.plan_prefill(
-            _i64(req_pool_indices, req_to_token.device), _i64(seq_lens), _i64(extend_lens),
-            req_to_token, full_to_state, compress_ratio, swa_page_size, ring_size,
+            _i64(req_pool_indices, op, "req_pool_indices", req_to_token.device),
+            _i64(seq_lens, op, "seq_lens"), _i64(extend_lens, op, "extend_lens"), req_to_token, full_to_state, compress_ratio, swa_page_size, ring_size,
             int(num_q_tokens), use_req_ring)
         plan_c, plan_w = _trim(plan_c, plan_w, counts, use_cuda_graph)
         return cls(compress_ratio, plan_c, plan_w, counts)
@@ -119,8 +147,10 @@ class CompressorPrefillPlan(NamedTuple):
     def generate_legacy(cls, compress_ratio: int, req_pool_indices: torch.Tensor,
                         seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_q_tokens: int,
                         device, use_cuda_graph: bool = False) -> "CompressorPrefillPlan":
+        op = "plan_prefill_legacy"
         plan_c, plan_w, counts = ops.plan_prefill_legacy(
-            _i64(req_pool_indices, torch.device(device)), _i64(seq_lens), _i64(extend_lens),
+            _i64(req_pool_indices, op, "req_pool_indices", torch.device(device)),
+            _i64(seq_lens, op, "seq_lens"), _i64(extend_lens, op, "extend_lens"),
             compress_ratio, int(num_q_tokens))
         plan_c, plan_w = _trim(plan_c, plan_w, counts, use_cuda_graph)
         return cls(compress_ratio, plan_c, plan_w, counts)
@@ -130,8 +160,10 @@ class CompressorPrefillPlan(NamedTuple):
                         req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
                         num_q_tokens: int, use_cuda_graph: bool = False,
                         state_slot_offset: int = 0) -> "CompressorPrefillPlan":
+        op = "plan_online_prefill"
         plan_c, plan_w, counts = ops.plan_online_prefill(
-            _i64(req_pool_indices, req_to_token.device), _i64(seq_lens), _i64(extend_lens),
+            _i64(req_pool_indices, op, "req_pool_indices", req_to_token.device),
+            _i64(seq_lens, op, "seq_lens"), _i64(extend_lens, op, "extend_lens"),
             int(num_q_tokens), state_slot_offset)
         plan_c, plan_w = _trim(plan_c, plan_w, counts, use_cuda_graph)
         return cls(128, plan_c, plan_w, counts)

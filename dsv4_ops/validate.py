@@ -1,15 +1,22 @@
-"""Plan validation: catches plan records that point outside the buffers they are used with.
+"""Plan validation: catches plan records that point outside the buffers they are used with,
+records of another kind or compress ratio than the call says, and page tables that break the
+SWA-paged addressing (SPEC 2.1).
 
 The kernels themselves never read or write out of bounds (they skip such records); this
 helper turns those silent skips into errors that name the record, for debugging an engine's
 metadata. It syncs with the device, so it is off by default: call it directly, or set
-DSV4_OPS_DEBUG=1 (or dsv4_ops.set_debug(True)) to run it before every compressor op.
+DSV4_OPS_DEBUG=1 (or dsv4_ops.set_debug(True)) to run it inside every dsv4_ops op call
+(the planners, compress_forward and compress_norm_rope_store, raw wrappers in dsv4_ops.ops
+included).
 """
 import os
+from typing import Optional
 
 import torch
 
 _debug = os.environ.get("DSV4_OPS_DEBUG", "0") == "1"
+
+_INVALID_SEQ_LEN = 0xFFFFFFFF
 
 
 def set_debug(enabled: bool) -> None:
@@ -22,7 +29,10 @@ def debug_enabled() -> bool:
 
 
 def _words(plan: torch.Tensor, n: int) -> torch.Tensor:
-    return plan.contiguous().view(torch.int32).view(-1, n).to(torch.int64).cpu()
+    p = plan.contiguous()
+    if p.storage_offset() % 4 != 0:  # a view at an odd byte offset cannot be read as int32
+        p = p.clone()
+    return p.view(torch.int32).view(-1, n).to(torch.int64).cpu()
 
 
 def _fail(op: str, what: str, bad: torch.Tensor, rows: torch.Tensor) -> None:
@@ -36,49 +46,105 @@ def _check_range(op, name, values, lo, hi, rows, active):
         _fail(op, f"has {name} outside [{lo}, {hi})", bad, rows)
 
 
-def validate_compress(plan, kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
-                      is_online: bool = False) -> None:
-    """Every record of `plan` addresses rows inside kv_score_buffer / kv_score_input."""
+def _check_decode_form(op: str, d: torch.Tensor, cr: int, online: Optional[bool]) -> None:
+    """DecodePlan records as the planners write them (SPEC 3.2, 3.5): {0, -1, -1, -1} for an
+    entry without a token; offline read_page_1 = write_loc / compress_ratio; online
+    read_page_0 = write_loc and read_page_1 = -1 (online None: either form). A record of a
+    prefill plan, or of a plan for another compress ratio, fails this."""
+    seq_len, wl, rp0, rp1 = (d[:, 0] & 0xFFFFFFFF), d[:, 1], d[:, 2], d[:, 3]
+    empty = (seq_len == 0) & (wl == -1) & (rp0 == -1) & (rp1 == -1)
+    offline = torch.where(wl >= 0, rp1 == torch.div(wl, cr, rounding_mode="floor"), rp1 == -1)
+    on = (rp0 == wl) & (rp1 == -1)
+    ok = offline if online is False else (on if online else offline | on)
+    bad = (seq_len != 0) & ~ok | (seq_len == 0) & ~empty
+    if bool(bad.any()):
+        form = "online " if online else ""
+        _fail(op, f"is not a {form}decode record for compress_ratio {cr} (a prefill plan passed "
+              f"as decode, or a plan made for another compress ratio?)", bad, d)
+
+
+def _check_prefill_form(op: str, c: torch.Tensor, cr: int, online: Optional[bool],
+                        closing: bool = True) -> None:
+    """Valid CompressPlan records (SPEC 3.1, 3.3, 3.5): seq_len a positive multiple of
+    compress_ratio (an online plan_w segment, closing=False: not a multiple of 128),
+    buffer_len < the window (offline) or in [1, 128] (online segments). A record of a decode
+    plan, or of a plan for another compress ratio, fails this."""
+    seq_len = c[:, 0] & 0xFFFFFFFF
+    valid = seq_len != _INVALID_SEQ_LEN
+    buffer_len = (c[:, 1] >> 16) & 0xFFFF
+    win = 8 if cr == 4 else 128
+    if online is None:
+        bl_ok = buffer_len < win if cr == 4 else buffer_len <= 128
+    else:
+        bl_ok = (buffer_len >= 1) & (buffer_len <= 128) if online else buffer_len < win
+    closes = (seq_len % cr == 0) & (seq_len >= cr)
+    form_ok = (closes if closing else seq_len % cr != 0) & bl_ok
+    bad = valid & ~form_ok
+    if bool(bad.any()):
+        _fail(op, f"is not a prefill compress record for compress_ratio {cr} (a decode plan "
+              f"passed as prefill, or a plan made for another compress ratio?)", bad, c)
+
+
+def validate_compress_rows(plan: torch.Tensor, plan_w: Optional[torch.Tensor], compress_ratio: int,
+                           kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
+                           is_online: bool = False) -> None:
+    """validate_compress on the raw plan tensors (plan_w None: decode)."""
     op = "compress_forward"
-    cr = plan.compress_ratio
+    cr = compress_ratio
     row = kv_score_buffer.shape[-1]
     slots = kv_score_buffer.numel() // row
     pages = slots if is_online else slots // cr
     tokens = kv_score_input.shape[0]
-    if plan.is_decode:
-        d = _words(plan[1], 4)
+    if plan_w is None:
+        d = _words(plan, 4)
         _check_range(op, "write_loc", d[:, 1], -1, slots, d, torch.ones_like(d[:, 0], dtype=torch.bool))
         for col, name in ((2, "read_page_0"), (3, "read_page_1")):
             _check_range(op, name, d[:, col], -1, pages, d, d[:, 0] % cr == 0)
+        _check_decode_form(op, d, cr, is_online)
         return
-    c = _words(plan[1], 4)
+    c = _words(plan, 4)
     valid = c[:, 0] != -1
     ragged, buffer_len = c[:, 1] & 0xFFFF, (c[:, 1] >> 16) & 0xFFFF
     _check_range(op, "ragged_id", ragged, 0, tokens, c, valid)
     uses_state = valid & (buffer_len > 0)
     for col, name in ((2, "read_page_0"), (3, "read_page_1")):
         _check_range(op, name, c[:, col], -1, pages, c, uses_state)
+    _check_prefill_form(op, c, cr, is_online)
     if is_online:
-        w = _words(plan[2], 4)
+        w = _words(plan_w, 4)
+        _check_prefill_form(f"{op} (plan_w)", w, cr, True, closing=False)
         wvalid = w[:, 0] != -1
         _check_range(op, "plan_w ragged_id", w[:, 1] & 0xFFFF, 0, tokens, w, wvalid)
         _check_range(op, "plan_w read_page_0", w[:, 2], -1, slots, w, wvalid)
     else:
-        w = _words(plan[2], 2)
+        w = _words(plan_w, 2)
         wvalid = w[:, 0] != -1
         _check_range(op, "plan_w ragged_id", w[:, 0], 0, tokens, w, wvalid)
         _check_range(op, "plan_w write_loc", w[:, 1], -1, slots, w, wvalid)
 
 
-def validate_store(plan, out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
-                   max_pos: int) -> None:
-    """Every active record has a destination inside the cache and a RoPE position < max_pos."""
+def validate_compress(plan, kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
+                      is_online: bool = False) -> None:
+    """Every record of `plan` (a CompressorDecodePlan / CompressorPrefillPlan) is a record of
+    its kind and ratio and addresses rows inside kv_score_buffer / kv_score_input."""
+    validate_compress_rows(plan[1], None if plan.is_decode else plan[2], plan.compress_ratio,
+                           kv_score_buffer, kv_score_input, is_online)
+
+
+def validate_store_rows(plan: torch.Tensor, is_decode: bool, compress_ratio: int,
+                        out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
+                        max_pos: int) -> None:
+    """validate_store on the raw plan tensor."""
     op = "compress_norm_rope_store"
-    cr = plan.compress_ratio
+    cr = compress_ratio
     capacity = kvcache.shape[0] * page_size
     loc = out_loc.to(torch.int64).cpu()
-    d = _words(plan[1], 4)
-    if plan.is_decode:
+    d = _words(plan, 4)
+    if is_decode:
+        _check_decode_form(op, d, cr, None)
+    else:
+        _check_prefill_form(op, d, cr, None)
+    if is_decode:
         active = (d[:, 0] % cr == 0) & (d[:, 1] >= 0)
         if d.shape[0] != loc.shape[0]:
             raise ValueError(f"dsv4.{op}: out_loc has {loc.shape[0]} rows, the plan {d.shape[0]}")
@@ -89,5 +155,56 @@ def validate_store(plan, out_loc: torch.Tensor, kvcache: torch.Tensor, page_size
         _check_range(op, "ragged_id (row of out_loc)", ragged, 0, loc.shape[0], d, active)
         dest = loc[ragged.clamp(max=max(loc.shape[0] - 1, 0))] if loc.numel() else ragged
     _check_range(op, "destination out_loc", dest, 0, capacity, d, active)
-    _check_range(op, "rope position seq_len - compress_ratio", (d[:, 0] & 0xFFFFFFFF) - cr,
-                 0, max_pos, d, active)
+    _check_range(op, "rope position seq_len - compress_ratio (row of freq_cis)",
+                 (d[:, 0] & 0xFFFFFFFF) - cr, 0, max_pos, d, active)
+
+
+def validate_store(plan, out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
+                   max_pos: int) -> None:
+    """Every active record is a record of the plan's kind and ratio, with a destination inside
+    the cache and a RoPE position seq_len - compress_ratio < max_pos (rows of freq_cis)."""
+    validate_store_rows(plan[1], plan.is_decode, plan.compress_ratio, out_loc, kvcache,
+                        page_size, max_pos)
+
+
+def validate_swa_tables(op: str, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                        extend_lens: Optional[torch.Tensor], req_to_token: torch.Tensor,
+                        full_to_state: torch.Tensor, swa_page_size: int, window: int) -> None:
+    """The SWA-paged slot formula (SPEC 2.1), slot = (swa // sps) * ring + swa % ring, keeps a
+    window's rows only if SWA pages are allocated page-aligned: for every live position pos of
+    request row rid, swa = full_to_state[req_to_token[rid, pos]] has swa % sps == pos % sps,
+    and the positions of one sps-aligned block map into one SWA page. Checked over the
+    positions a plan reads or writes: [max(prefix - window, 0), seq_len) (decode: prefix =
+    seq_len - 1); evicted entries (< 0) and lookups outside the tables are skipped."""
+    sps = int(swa_page_size)
+    rids = req_pool_indices.to(torch.int64).cpu().tolist()
+    sls = seq_lens.to(torch.int64).cpu().tolist()
+    els = [1] * len(sls) if extend_lens is None else extend_lens.to(torch.int64).cpu().tolist()
+    rows, ctx, n_full = req_to_token.shape[0], req_to_token.shape[1], full_to_state.shape[0]
+    for b, (rid, sl, el) in enumerate(zip(rids, sls, els)):
+        lo, hi = max(sl - max(el, 0) - window, 0), min(sl, ctx)
+        if rid < 0 or rid >= rows or hi <= lo or n_full == 0:
+            continue
+        # gathered where the tables live: only the positions checked travel to the host
+        full_d = req_to_token[rid, lo:hi].to(torch.int64)
+        live_d = (full_d >= 0) & (full_d < n_full)
+        swa_d = torch.where(live_d, full_to_state[full_d.clamp(0, n_full - 1)], -1)
+        pos = torch.arange(lo, hi, dtype=torch.int64)
+        full, swa = full_d.cpu(), swa_d.cpu()
+        live = swa >= 0
+        pos, swa, full = pos[live], swa[live], full[live]
+        shift = swa - pos
+        bad = shift % sps != 0
+        block = torch.div(pos, sps, rounding_mode="floor")
+        split = torch.zeros_like(bad)
+        split[1:] = (block[1:] == block[:-1]) & (shift[1:] != shift[:-1])
+        bad |= split
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            p, f, s = int(pos[i]), int(full[i]), int(swa[i])
+            raise ValueError(
+                f"dsv4.{op}: full_to_state is not page-aligned for SWA-paged addressing: batch "
+                f"entry {b} (request row {rid}) position {p} -> req_to_token {f} -> full_to_state "
+                f"{s}; needs full_to_state[req_to_token[rid, pos]] % swa_page_size == "
+                f"pos % swa_page_size ({s % sps} vs {p % sps}, swa_page_size {sps}), with the "
+                f"positions of one swa_page_size block in one SWA page")

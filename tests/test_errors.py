@@ -7,7 +7,7 @@ import torch
 import dsv4_ops
 from dsv4_ops import ops
 
-from op_samples import decode_world, make_world
+from op_samples import decode_world, freqs_real, make_world
 
 OPS = torch.ops.dsv4
 
@@ -118,3 +118,378 @@ def test_debug_mode_names_the_bad_record(device):
     slot0 = int(plan.plan_d.view(torch.int32)[0, 1])
     changed = (w.state.view(-1, w.state.shape[-1]) != before.view(-1, w.state.shape[-1])).any(-1)
     assert changed.nonzero().flatten().tolist() == [slot0]
+
+
+# ---- bad input a new user would pass --------------------------------------------------------
+
+def raises_type(op: str, arg: str, fn):
+    with pytest.raises(TypeError) as info:
+        fn()
+    msg = str(info.value)
+    assert f"dsv4.{op}" in msg, msg
+    assert re.search(rf"\b{re.escape(arg)}\b", msg), msg
+
+
+@pytest.fixture
+def debug_mode():
+    dsv4_ops.set_debug(True)
+    yield
+    dsv4_ops.set_debug(False)
+
+
+def _decode_plan(w, **over):
+    a = dict(compress_ratio=w.compress_ratio, req_pool_indices=w.rid, req_to_token=w.req_to_token,
+             full_to_state=w.full_to_state, seq_lens=w.seq_lens, swa_page_size=64,
+             ring_size=w.ring)
+    a.update(over)
+    return dsv4_ops.CompressorDecodePlan.generate(**a)
+
+
+def _prefill_plan(w, **over):
+    a = dict(compress_ratio=w.compress_ratio, req_pool_indices=w.rid, seq_lens=w.seq_lens,
+             extend_lens=w.extend_lens, req_to_token=w.req_to_token,
+             full_to_state=w.full_to_state, swa_page_size=64, ring_size=w.ring,
+             num_q_tokens=w.num_q)
+    a.update(over)
+    return dsv4_ops.CompressorPrefillPlan.generate(**a)
+
+
+def test_swa_ring_shorter_than_window(device):
+    """SWA-paged cr = 4 with a ring of 4 (< the 8-row window) would overwrite rows the window
+    still reads; the request-ring path already refuses it."""
+    w = make_world(device)
+    raises("plan_decode", "ring_size", _decode_args(w, ring_size=4))
+    raises("plan_prefill", "ring_size", _prefill_args(w, ring_size=4))
+    raises("plan_decode", "ring_size", _decode_args(w, ring_size=4, use_req_ring=True))
+
+
+def _shifted_swa_world(device, shift):
+    """full_to_state moved by `shift` SWA rows: still a bijection, but not page-aligned
+    (swa % 64 != pos % 64) when shift is not a multiple of the SWA page size."""
+    w = make_world(device)
+    w.full_to_state = w.full_to_state + shift
+    return w
+
+
+@pytest.mark.parametrize("shift", [1, 8])
+def test_debug_swa_pages_not_page_aligned(device, debug_mode, shift):
+    w = _shifted_swa_world(device, shift)
+    with pytest.raises(ValueError, match=r"dsv4\.plan_prefill: full_to_state is not page-aligned"):
+        _prefill_plan(w)
+    d = decode_world(device)
+    d.full_to_state = d.full_to_state + shift
+    with pytest.raises(ValueError, match=r"dsv4\.plan_decode: full_to_state is not page-aligned"):
+        _decode_plan(d)
+
+
+def test_debug_swa_pages_split_across_pages(device, debug_mode):
+    """Each position aligned (swa % 64 == pos % 64), but one 64-position block split over two
+    SWA pages: the window's rows land on different state pages."""
+    w = make_world(device)
+    r2t = w.req_to_token.clone()
+    rid, pos = int(w.rid[0]), 5  # request 0 (13 tokens) reads positions 0..12
+    full = int(r2t[rid, pos])
+    r2t[rid, pos] = int(r2t[int(w.rid[1]), pos])  # same offset in another full (and SWA) page
+    assert full != int(r2t[rid, pos])
+    with pytest.raises(ValueError, match=r"dsv4\.plan_prefill: full_to_state is not page-aligned"):
+        _prefill_plan(w, req_to_token=r2t)
+
+
+def test_debug_swa_tables_of_legal_worlds_pass(device, debug_mode):
+    """No false alarm: page-aligned tables with evicted entries plan as in normal mode."""
+    w = make_world(device)
+    f2s = w.full_to_state.clone()
+    f2s[::3] = -1
+    ref = _prefill_plan(w, full_to_state=f2s)
+    d = decode_world(device)
+    dref = _decode_plan(d, full_to_state=f2s)
+    dsv4_ops.set_debug(False)
+    assert torch.equal(_prefill_plan(w, full_to_state=f2s).plan_c, ref.plan_c)
+    assert torch.equal(_decode_plan(d, full_to_state=f2s).plan_d, dref.plan_d)
+
+
+NON_INTEGER = [torch.float32, torch.float64, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", NON_INTEGER, ids=str)
+def test_non_integer_lengths_and_indices(device, dtype):
+    """8.7 must not silently become 8: the plan classes refuse float / bool index tensors."""
+    w = make_world(device)
+    d = decode_world(device)
+    f = lambda t: t.to(dtype) + 0.7 if dtype.is_floating_point else t.to(dtype)  # noqa: E731
+    raises_type("plan_decode", "seq_lens", lambda: _decode_plan(d, seq_lens=f(d.seq_lens)))
+    raises_type("plan_decode", "req_pool_indices",
+                lambda: _decode_plan(d, req_pool_indices=f(d.rid)))
+    raises_type("plan_prefill", "seq_lens", lambda: _prefill_plan(w, seq_lens=f(w.seq_lens)))
+    raises_type("plan_prefill", "extend_lens",
+                lambda: _prefill_plan(w, extend_lens=f(w.extend_lens)))
+    raises_type("plan_prefill", "req_pool_indices",
+                lambda: _prefill_plan(w, req_pool_indices=f(w.rid)))
+    raises_type("plan_decode_legacy", "seq_lens", lambda: dsv4_ops.CompressorDecodePlan.generate_legacy(
+        4, w.rid, f(w.seq_lens)))
+    raises_type("plan_prefill_legacy", "extend_lens",
+                lambda: dsv4_ops.CompressorPrefillPlan.generate_legacy(
+                    4, w.rid, w.seq_lens, f(w.extend_lens), w.num_q, device))
+    raises_type("plan_online_decode", "seq_lens", lambda: dsv4_ops.CompressorDecodePlan.generate_online(
+        f(w.seq_lens), w.rid, w.req_to_token))
+    raises_type("plan_online_prefill", "req_pool_indices",
+                lambda: dsv4_ops.CompressorPrefillPlan.generate_online(
+                    w.seq_lens, w.extend_lens, f(w.rid), w.req_to_token, w.num_q))
+    # the tables and out_loc go to the ops unconverted: the ops refuse them
+    raises("plan_prefill", "req_to_token", lambda: _prefill_plan(w, req_to_token=f(w.req_to_token)))
+    raises("plan_prefill", "full_to_state", lambda: _prefill_plan(w, full_to_state=f(w.full_to_state)))
+    plan = _decode_plan(d)
+    raises("compress_norm_rope_store", "out_loc", lambda: dsv4_ops.compress_norm_rope_store(
+        torch.randn(2, 128, device=device), plan, norm_weight=d.norm_weight, norm_eps=1e-6,
+        freq_cis=d.freqs, out_loc=f(d.out_loc(2)), kvcache=d.kvcache("fp8_indexer"),
+        page_size=d.cache_page_size))
+
+
+def test_integer_lengths_of_other_widths_still_plan(device):
+    w = make_world(device)
+    ref = _prefill_plan(w)
+    got = _prefill_plan(w, seq_lens=w.seq_lens.to(torch.int32), extend_lens=w.extend_lens.to(torch.int32),
+                        req_pool_indices=w.rid.to(torch.int32))
+    assert torch.equal(got.plan_c, ref.plan_c) and torch.equal(got.plan_w, ref.plan_w)
+
+
+def _store_call(w, plan_obj, fmt="fp8_indexer", **over):
+    hd = 512 if fmt in ("fp8_ds_mla", "bf16") else 128
+    a = dict(kv=torch.randn(plan_obj[1].shape[0], hd, device=w.device), plan=plan_obj,
+             norm_weight=w.norm_weight if hd == 128 else torch.ones(hd, device=w.device),
+             norm_eps=1e-6, freq_cis=w.freqs, out_loc=w.out_loc(plan_obj[1].shape[0]),
+             kvcache=w.kvcache(fmt), page_size=w.cache_page_size,
+             use_fp4=fmt == "fp4_indexer", bf16_store=fmt == "bf16")
+    a.update(over)
+    return lambda: dsv4_ops.compress_norm_rope_store(**a)
+
+
+def _raw_store_args(w, plan_rows, is_decode, **over):
+    a = dict(kv=torch.randn(plan_rows.shape[0], 128, device=w.device), plan=plan_rows,
+             norm_weight=w.norm_weight, freqs=freqs_real(w), out_loc=w.out_loc(plan_rows.shape[0]),
+             kvcache=w.kvcache("fp8_indexer"), is_decode=is_decode, compress_ratio=w.compress_ratio,
+             eps=1e-6, page_size=w.cache_page_size, store_format="fp8_indexer")
+    a.update(over)
+    return a
+
+
+def test_debug_rope_table_shorter_than_positions(device, debug_mode):
+    """Positions are device data: in normal mode rows past the table store nothing; debug mode
+    names the record, through the raw op too."""
+    d = decode_world(device)
+    plan = _decode_plan(d)  # closing positions 12 and 4
+    short = d.freqs[:10]
+    with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: plan record 0 has "
+                                         r"rope position .*freq_cis"):
+        _store_call(d, plan, freq_cis=short)()
+    loc = torch.tensor([0, 3 * d.cache_page_size], dtype=torch.int64, device=device)
+    a = _raw_store_args(d, plan.plan_d, True, freqs=freqs_real(d)[:10].contiguous(), out_loc=loc)
+    with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: plan record 0 has "
+                                         r"rope position"):
+        ops.compress_norm_rope_store_op(**a)
+    dsv4_ops.set_debug(False)
+    cache = a["kvcache"]
+    ops.compress_norm_rope_store_op(**a)  # row 0 (position 12) skipped, row 1 (position 4) stored
+    assert (cache != 0).any(-1).nonzero().flatten().tolist() == [3]
+
+
+@pytest.mark.parametrize("fmt", ops.STORE_FORMATS)
+def test_page_size_smaller_than_the_caches(device, fmt):
+    """A cache built for page_size 64 written with page_size 32 would put every token at the
+    offsets of a 32-token page: refused (a page may be padded by less than a doubling)."""
+    d = decode_world(device)
+    plan = _decode_plan(d)
+    cache = torch.zeros((8, dsv4_ops.reference.page_bytes(fmt, 64)), dtype=torch.uint8, device=device)
+    raises("compress_norm_rope_store", "page_size", _store_call(d, plan, fmt, kvcache=cache, page_size=32))
+    padded = torch.zeros((8, dsv4_ops.reference.page_bytes(fmt, 64) + 64), dtype=torch.uint8,
+                         device=device)
+    _store_call(d, plan, fmt, kvcache=padded, page_size=64)()  # padding within a doubling
+
+
+def test_fakes_check_devices_like_the_kernels():
+    """Meta tensors mixed with CPU tensors dispatch to the fakes: they must refuse the call as
+    the kernels refuse mixed devices (compress_forward once returned uninitialised memory)."""
+    w = decode_world("cpu")
+    plan = _decode_plan(w)
+    meta_state = w.state.to("meta")
+    raises("compress_forward", "kv_score_input", lambda: dsv4_ops.compress_forward(
+        meta_state, w.kv_in, w.ape, plan, head_dim=128, compress_ratio=4))
+    raises("compress_forward", "plan", lambda: dsv4_ops.compress_forward(
+        meta_state, w.kv_in.to("meta"), w.ape.to("meta"), plan, head_dim=128, compress_ratio=4))
+    raises("compress_norm_rope_store", "kv", _store_call(
+        w, plan, kvcache=w.kvcache("fp8_indexer").to("meta")))
+    raises("plan_decode", "req_to_token", lambda: ops.plan_decode(
+        w.rid.to("meta"), w.req_to_token, w.full_to_state.to("meta"), w.seq_lens.to("meta"), 4,
+        64, 8))
+    raises("plan_prefill", "full_to_state", lambda: ops.plan_prefill(
+        w.rid.to("meta"), w.seq_lens, w.extend_lens, w.req_to_token.to("meta"), w.full_to_state,
+        4, 64, 8, 4))
+
+
+META_CASES = [
+    ("ape", lambda a: a.update(ape=a["ape"][:4])),
+    ("out", lambda a: a.update(out=torch.empty(3, 128, device="meta"))),
+    ("kv_score_buffer", lambda a: a.update(kv_score_buffer=a["kv_score_buffer"][..., :64])),
+    ("compress_ratio", lambda a: a.update(compress_ratio=8)),
+]
+
+
+@pytest.mark.parametrize("arg,change", META_CASES, ids=[c[0] for c in META_CASES])
+def test_fake_compress_forward_checks_shapes(arg, change):
+    w = decode_world("cpu")
+    plan = _decode_plan(w)
+    a = dict(kv_score_buffer=w.state.to("meta"), kv_score_input=w.kv_in.to("meta"),
+             ape=w.ape.to("meta"), plan=plan.plan_d.to("meta"), plan_w=None,
+             out=torch.empty(2, 128, device="meta"), head_dim=128, compress_ratio=4,
+             is_online=False)
+    ops.compress_forward_op(**a)
+    change(a)
+    raises("compress_forward", arg, lambda: ops.compress_forward_op(**a))
+
+
+def test_fake_store_and_planner_checks():
+    w = decode_world("cpu")
+    plan = _decode_plan(w)
+    a = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v)
+         for k, v in _raw_store_args(w, plan.plan_d, True).items()}
+    ops.compress_norm_rope_store_op(**a)
+    for arg, change in [("page_size", dict(page_size=32)), ("eps", dict(eps=-1.0)),
+                        ("freqs", dict(freqs=a["freqs"][:, :32])),
+                        ("store_format", dict(store_format="fp8")),
+                        ("plan", dict(plan=a["plan"][:1]))]:
+        raises("compress_norm_rope_store", arg,
+               lambda: ops.compress_norm_rope_store_op(**{**a, **change}))
+    m = {k: getattr(w, k).to("meta") for k in ("rid", "req_to_token", "full_to_state", "seq_lens")}
+    raises("plan_decode", "ring_size", lambda: ops.plan_decode(
+        m["rid"], m["req_to_token"], m["full_to_state"], m["seq_lens"], 4, 64, 4))
+    raises("plan_decode", "seq_lens", lambda: ops.plan_decode(
+        m["rid"], m["req_to_token"], m["full_to_state"], m["seq_lens"].float(), 4, 64, 8))
+    raises("plan_prefill", "num_q_tokens", lambda: ops.plan_prefill(
+        m["rid"], w.seq_lens, w.extend_lens, m["req_to_token"], m["full_to_state"], 4, 64, 8,
+        65537))
+
+
+def test_out_aliasing_the_state_buffer(device):
+    w = decode_world(device)
+    plan = _decode_plan(w)
+    alias = w.state.view(-1)[: 2 * 128].view(2, 128)
+    raises("compress_forward", "out", lambda: dsv4_ops.compress_forward(
+        w.state, w.kv_in, w.ape, plan, head_dim=128, compress_ratio=4, out=alias))
+    inp = w.kv_in.view(-1)[: 2 * 128].view(2, 128)
+    raises("compress_forward", "kv_score_input", lambda: dsv4_ops.compress_forward(
+        w.state, w.kv_in, w.ape, plan, head_dim=128, compress_ratio=4, out=inp))
+
+
+def test_requires_grad_inputs(device):
+    """No autograd: a grad-requiring input under grad mode is an error that says so; the same
+    tensors under torch.no_grad() are fine (parameters at inference)."""
+    w = decode_world(device)
+    plan = _decode_plan(w)
+    ape = w.ape.clone().requires_grad_()
+    kv_in = w.kv_in.clone().requires_grad_()
+    for arg, call in [
+        ("ape", lambda: dsv4_ops.compress_forward(w.state, w.kv_in, ape, plan, head_dim=128,
+                                                  compress_ratio=4)),
+        ("kv_score_input", lambda: dsv4_ops.compress_forward(w.state, kv_in, w.ape, plan,
+                                                             head_dim=128, compress_ratio=4)),
+        ("norm_weight", _store_call(w, plan, norm_weight=w.norm_weight.clone().requires_grad_())),
+        ("kv", _store_call(w, plan, kv=torch.randn(2, 128, device=device, requires_grad=True))),
+    ]:
+        with pytest.raises(RuntimeError, match=rf"dsv4\.\w+: {arg} requires grad.*no autograd"):
+            call()
+        with torch.no_grad():
+            call()
+
+
+@pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf")])
+def test_bad_norm_eps(device, eps):
+    w = decode_world(device)
+    plan = _decode_plan(w)
+    raises("compress_norm_rope_store", "norm_eps", _store_call(w, plan, norm_eps=eps))
+    raises("compress_norm_rope_store", "eps",
+           lambda: ops.compress_norm_rope_store_op(**_raw_store_args(w, plan.plan_d, True, eps=eps)))
+
+
+def test_debug_plan_kind_and_ratio_mismatch(device, debug_mode):
+    """A decode plan passed as prefill, a prefill plan as decode, or a plan made for another
+    compress ratio: the raw ops cannot tell by shape; debug mode names the record."""
+    d = decode_world(device)
+    dplan = _decode_plan(d)
+    with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: plan record \d+ "):
+        ops.compress_norm_rope_store_op(**_raw_store_args(d, dplan.plan_d, False))
+    steps = _decode_plan(d, seq_lens=d.seq_lens - 1)  # tokens that close no window
+    with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: plan record 0 is not "
+                                         r"a prefill"):
+        ops.compress_norm_rope_store_op(**_raw_store_args(d, steps.plan_d, False))
+    w = make_world(device)
+    pplan = _prefill_plan(w, use_cuda_graph=True)
+    n = pplan.plan_c.shape[0]
+    a = _raw_store_args(w, pplan.plan_c, True)
+    with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: plan record \d+ is not "
+                                         r"a decode"):
+        ops.compress_norm_rope_store_op(**a)
+    out = torch.empty(n, 128, device=device)
+    assert w.kv_in.shape[0] == n  # the raw op's row-count check cannot tell
+    with pytest.raises(ValueError, match=r"dsv4\.compress_forward: plan record"):
+        ops.compress_forward_op(w.state, w.kv_in, w.ape, pplan.plan_c, None, out, 128, 4)
+    # a cr = 4 decode plan used with compress_ratio 128 (buffers of the cr = 128 world)
+    d128 = decode_world(device, compress_ratio=128, head_dim=128)
+    with pytest.raises(ValueError, match=r"dsv4\.compress_forward: plan record \d+ is not a "
+                                         r"decode record for compress_ratio 128"):
+        ops.compress_forward_op(d128.state, d128.kv_in, d128.ape, dplan.plan_d, None,
+                                torch.empty(2, 128, device=device), 128, 128)
+    # an online decode plan used offline
+    online = dsv4_ops.CompressorDecodePlan.generate_online(d128.seq_lens, d128.rid, d128.req_to_token)
+    state128 = torch.zeros(d128.state.shape, device=device)
+    with pytest.raises(ValueError, match=r"dsv4\.compress_forward: plan record \d+ is not a "
+                                         r"decode record"):
+        ops.compress_forward_op(state128, d128.kv_in, d128.ape, online.plan_d, None,
+                                torch.empty(2, 128, device=device), 128, 128)
+    # legal plans pass the debug checks
+    dsv4_ops.compress_forward(d.state.clone(), d.kv_in, d.ape, dplan, head_dim=128, compress_ratio=4)
+    dsv4_ops.compress_forward(w.state.clone(), w.kv_in, w.ape, pplan, head_dim=128, compress_ratio=4)
+    _store_call(d, dplan)()
+    _store_call(w, pplan)()
+
+
+@pytest.mark.parametrize("bad", ["list", "tensor"])
+def test_plan_that_is_not_a_plan_object(device, bad):
+    w = decode_world(device)
+    plan = _decode_plan(w)
+    obj = list(plan) if bad == "list" else plan.plan_d
+    raises_type("compress_forward", "plan", lambda: dsv4_ops.compress_forward(
+        w.state, w.kv_in, w.ape, obj, head_dim=128, compress_ratio=4))
+    raises_type("compress_norm_rope_store", "plan", _store_call(w, plan, plan=obj))
+
+
+def test_plan_copy_between_batch_sizes(device):
+    d = decode_world(device)
+    two = _decode_plan(d)
+    one = _decode_plan(d, req_pool_indices=d.rid[:1], seq_lens=d.seq_lens[:1])
+    raises("CompressorDecodePlan.copy_", "other", lambda: two.copy_(one))
+    raises("CompressorDecodePlan.copy_", "other", lambda: one.copy_(two))
+    raises_type("CompressorDecodePlan.copy_", "other", lambda: two.copy_(_prefill_plan(make_world(device))))
+    w = make_world(device)
+    full = _prefill_plan(w, use_cuda_graph=True)
+    small = _prefill_plan(w, num_q_tokens=w.num_q - 5, extend_lens=w.extend_lens - torch.tensor(
+        [5, 0], device=device), seq_lens=w.seq_lens - torch.tensor([5, 0], device=device),
+        use_cuda_graph=True)
+    small.copy_(full.__class__(4, full.plan_c[:3], full.plan_w[:3], full.counts))  # fewer rows: fine
+    raises("CompressorPrefillPlan.copy_", "other", lambda: small.copy_(full))
+    online = dsv4_ops.CompressorPrefillPlan.generate_online(
+        w.seq_lens, w.extend_lens, w.rid, w.req_to_token, w.num_q)
+    raises("CompressorPrefillPlan.copy_", "other", lambda: online.copy_(
+        dsv4_ops.CompressorPrefillPlan.generate(128, w.rid, w.seq_lens, w.extend_lens,
+                                                w.req_to_token, w.full_to_state, 64, 128,
+                                                w.num_q)))
+
+
+@pytest.mark.parametrize("table", ["short_rows", "complex128", "real_wrong_width"])
+def test_bad_freq_cis_is_named_freq_cis(device, table):
+    d = decode_world(device)
+    plan = _decode_plan(d)
+    f = {"short_rows": d.freqs[:, :16], "complex128": d.freqs.to(torch.complex128),
+         "real_wrong_width": freqs_real(d)[:, :32]}[table]
+    with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: freq_cis must be "
+                                         r"complex64 \[max_pos, 32\]"):
+        _store_call(d, plan, freq_cis=f)()

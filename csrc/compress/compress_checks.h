@@ -82,6 +82,17 @@ inline CallShape check_compress_forward(const at::Tensor& kv_score_buffer,
   check_device(plan, dev, kOp, "plan");
   if (plan_w.has_value()) check_device(*plan_w, dev, kOp, "plan_w");
   check_device(out, dev, kOp, "out");
+
+  check_no_grad(kv_score_buffer, kOp, "kv_score_buffer");
+  check_no_grad(kv_score_input, kOp, "kv_score_input");
+  check_no_grad(ape, kOp, "ape");
+  check_no_grad(out, kOp, "out");
+  // The op writes out and the state buffer while it reads the others.
+  check_no_overlap(out, "out", kv_score_buffer, "kv_score_buffer", kOp);
+  check_no_overlap(out, "out", kv_score_input, "kv_score_input", kOp);
+  check_no_overlap(out, "out", ape, "ape", kOp);
+  check_no_overlap(kv_score_buffer, "kv_score_buffer", kv_score_input, "kv_score_input", kOp);
+  check_no_overlap(kv_score_buffer, "kv_score_buffer", ape, "ape", kOp);
   return CallShape{decode, is_online, cr, hd};
 }
 

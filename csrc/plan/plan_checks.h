@@ -96,10 +96,12 @@ inline PlanParams paged_params(const char* op, const at::Tensor& req_to_token,
   check_device(req_to_token, dev, op, "req_to_token");
   DSV4_CHECK(req_to_token.size(1) <= 1 || req_to_token.stride(1) == 1, op, "req_to_token",
              "must have unit column stride, got strides ", req_to_token.strides());
+  // A ring shorter than the window (8 rows for cr = 4, 128 for cr = 128, SPEC 1.2) overwrites
+  // rows that the window still reads, whatever the addressing.
   const int64_t win = window_of(int(cr));
+  DSV4_CHECK(ring >= win, op, "ring_size", "must be >= the window (", win, ") with ",
+             req_ring ? "request-ring" : "SWA-paged", " addressing, got ", ring);
   if (req_ring) {
-    DSV4_CHECK(ring >= win, op, "ring_size", "must be >= the window (", win,
-               ") with request-ring addressing, got ", ring);
     return paged_plan_params(int32_t(cr), true, 1, ring, nullptr, 0, 0, 0, nullptr, 0);
   }
   DSV4_CHECK(sps > 0 && sps <= kMaxInt32, op, "swa_page_size", "must be in [1, 2^31), got ",

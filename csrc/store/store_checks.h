@@ -2,6 +2,7 @@
 // one function validates every tensor and returns the geometry both kernels need.
 #pragma once
 
+#include <limits>
 #include <string>
 
 #include "include/dsv4/store_math.h"
@@ -33,6 +34,14 @@ inline int parse_store_format(c10::string_view s) {
   DSV4_CHECK(false, kStoreOp, "store_format",
              "must be one of fp8_ds_mla, bf16, fp8_indexer, fp4_indexer, got '", f, "'");
   return -1;
+}
+
+// The largest power-of-two page size whose pages of `format` fit in `page_bytes` (0: none).
+inline int64_t cache_page_size(int format, int64_t page_bytes) {
+  int64_t ps = 0;
+  for (int64_t p = 1; p <= kMaxStorePageSize && store_page_bytes(format, p) <= page_bytes; p *= 2)
+    ps = p;
+  return ps;
 }
 
 // Checks every argument; `device_type` is the backend whose kernel runs (kCPU or kCUDA):
@@ -103,8 +112,24 @@ inline StoreGeometry check_store_args(const at::Tensor& kv, const at::Tensor& pl
     DSV4_CHECK(g.page_bytes >= need, op, "kvcache", "pages hold ", g.page_bytes,
                " bytes but store_format ", std::string(store_format.data(), store_format.size()),
                " with page_size ", page_size, " needs ", need, " (shape ", kvcache.sizes(), ")");
+    // A page may be padded, but not by a whole doubling: then page_size is not the cache's
+    // (every token would land at the offsets of a smaller page).
+    DSV4_CHECK(g.page_bytes < store_page_bytes(g.format, 2 * page_size), op, "page_size",
+               page_size, " does not match kvcache: its pages of ", g.page_bytes,
+               " bytes hold page_size ", cache_page_size(g.format, g.page_bytes),
+               " of store_format ", std::string(store_format.data(), store_format.size()),
+               " (page_size ", page_size, " needs ", need, " bytes)");
   }
+  check_no_grad(kv, op, "kv");
+  check_no_grad(norm_weight, op, "norm_weight");
+  check_no_grad(freqs, op, "freqs");
   return g;
+}
+
+// norm_eps of the RMSNorm: finite and >= 0.
+inline void check_store_eps(double eps) {
+  DSV4_CHECK(eps >= 0.0 && eps <= std::numeric_limits<double>::max(), kStoreOp, "eps",
+             "(norm_eps) must be finite and >= 0, got ", eps);
 }
 
 }  // namespace dsv4

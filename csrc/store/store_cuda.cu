@@ -59,6 +59,7 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
                                    c10::string_view store_format) {
   const StoreGeometry g = check_store_args(kv, plan, norm_weight, freqs, out_loc, kvcache,
                                            compress_ratio, page_size, store_format, at::kCUDA);
+  check_store_eps(eps);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
 
