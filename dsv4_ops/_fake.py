@@ -5,6 +5,8 @@ scalars), with the same messages, so that meta or fake tensors are refused where
 would refuse the real ones."""
 import torch
 
+from .layout import STORE_FORMATS, cache_page_bytes
+
 PLAN_RECORD_BYTES = 16   # DecodePlan, CompressPlan
 WRITE_RECORD_BYTES = 8   # WritePlan
 _MAX_INT32 = 2 ** 31 - 1
@@ -237,13 +239,7 @@ def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compres
 
 # ---- compress_norm_rope_store (csrc/store/store_checks.h) -----------------------------------
 
-_STORE_HEAD_DIM = {"fp8_ds_mla": 512, "bf16": 512, "fp8_indexer": 128, "fp4_indexer": 128}
-
-
-def _store_page_bytes(fmt, ps) -> int:
-    if fmt == "fp8_ds_mla":
-        return (584 * ps + 575) // 576 * 576
-    return {"bf16": 1024, "fp8_indexer": 132, "fp4_indexer": 68}[fmt] * ps
+_STORE_HEAD_DIM = {name: fmt.head_dim for name, fmt in STORE_FORMATS.items()}
 
 
 @torch.library.register_fake("dsv4::compress_norm_rope_store")
@@ -288,11 +284,11 @@ def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio,
     _contiguous(kvcache, op, "kvcache")
     if kvcache.shape[0] > 0:
         page_bytes = kvcache.numel() // kvcache.shape[0]
-        need = _store_page_bytes(store_format, page_size)
+        need = cache_page_bytes(store_format, page_size)
         _check(page_bytes >= need, op, "kvcache",
                lambda: f"pages hold {page_bytes} bytes but store_format {store_format} with "
                        f"page_size {page_size} needs {need}")
-        _check(page_bytes < _store_page_bytes(store_format, 2 * page_size), op, "page_size",
+        _check(page_bytes < cache_page_bytes(store_format, 2 * page_size), op, "page_size",
                lambda: f"{page_size} does not match kvcache: its pages of {page_bytes} bytes "
                        f"hold a larger page_size of store_format {store_format}")
     _check(0.0 <= eps <= 1.7976931348623157e308, op, "eps",

@@ -15,8 +15,6 @@ from . import validate
 
 _ops = torch.ops.dsv4
 
-STORE_FORMATS = ("fp8_ds_mla", "bf16", "fp8_indexer", "fp4_indexer")
-
 
 def plan_decode(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
                 full_to_state: torch.Tensor, seq_lens: torch.Tensor, compress_ratio: int,

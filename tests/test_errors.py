@@ -299,9 +299,9 @@ def test_page_size_smaller_than_the_caches(device, fmt):
     offsets of a 32-token page: refused (a page may be padded by less than a doubling)."""
     d = decode_world(device)
     plan = _decode_plan(d)
-    cache = torch.zeros((8, dsv4_ops.reference.page_bytes(fmt, 64)), dtype=torch.uint8, device=device)
+    cache = torch.zeros((8, dsv4_ops.cache_page_bytes(fmt, 64)), dtype=torch.uint8, device=device)
     raises("compress_norm_rope_store", "page_size", _store_call(d, plan, fmt, kvcache=cache, page_size=32))
-    padded = torch.zeros((8, dsv4_ops.reference.page_bytes(fmt, 64) + 64), dtype=torch.uint8,
+    padded = torch.zeros((8, dsv4_ops.cache_page_bytes(fmt, 64) + 64), dtype=torch.uint8,
                          device=device)
     _store_call(d, plan, fmt, kvcache=padded, page_size=64)()  # padding within a doubling
 

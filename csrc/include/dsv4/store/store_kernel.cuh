@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kForma
     // amaxes, exponents and codes first, then the stores: a store between two chunks (its
     // aligned / byte-wise branch) would serialise their shuffle chains. Lane 0 gathers the 7
     // scale bytes and writes them as 4 + 2 + 1 bytes (byte 7 is unused by the format and left
-    // untouched, as by the CPU kernel and dsv4_ops.reference.store).
+    // untouched, as by the CPU kernel and dsv4_ops.testing.reference.store).
     float am[kJ];
     uint32_t lo[kJ], hi[kJ], ex[kJ];
 #pragma unroll
