@@ -14,10 +14,10 @@
 //  * Decode seq_len == 0 closes no window (out = 0); offline decode still copies the row.
 //    Online decode with seq_len == 0 carries no token: out = 0 and no state is written.
 //  * Offline decode pools "after the copy": the just-written row enters the window as its
-//    state-dtype value. The GPU kernels store the row first and read it back from the state
-//    (cr = 4: the thread that stores channels c..c+3 reads them; cr = 128: after a block
-//    barrier). Batch entries that address each other's slots race (the planners never emit
-//    them).
+//    state-dtype value. The cr = 4 GPU kernel stores the row first and reads it back from the
+//    state (the thread that stores channels c..c+3 reads them); the cr = 128 one reads it from
+//    its input row, rounded as the copy stores it. Batch entries that address each other's
+//    slots race (the planners never emit them).
 //  * Online prefill merges with the stored state at read_page_1 if >= 0, else read_page_0,
 //    literally as SPEC 3.5 says (online records carry read_page_1 = rid, the committed
 //    bank; read_page_0 = rid + state_slot_offset is where the trailing segment is stored).
