@@ -44,7 +44,7 @@ def extensions():
         return [cpp_extension.CppExtension("dsv4_ops._C", sources, include_dirs=include_dirs,
                                            extra_compile_args={"cxx": cxx},
                                            extra_link_args=["-fopenmp"])]
-    sources += sorted(glob.glob("csrc/*/*_cuda.cu"))
+    sources += sorted(glob.glob("csrc/*/*_cuda.cu") + glob.glob("csrc/*/instantiations/*.cu"))
     if gpu == "cuda":
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0;10.0")
         gpu_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]

@@ -2,9 +2,9 @@
 # HIP compile check (CI): hipify the torch-free device code with torch's hipify, then compile
 # every kernel family for gfx90a with Debian's ROCm 5.2 hipcc into AMDGPU code objects and
 # check that each object holds a kernel for every instantiation. The sources compiled here are
-# the headers the torch extension includes (under csrc/include/dsv4/, e.g. plan/*_kernel.cuh
-# and store/store_kernel.cuh), not copies; scripts/hip/*_instances.cu only instantiate their
-# templates (hipified along with csrc/).
+# the headers the torch extension includes (csrc/include/dsv4/{compress,plan,store}/*.cuh), not
+# copies; scripts/hip/*_instances.cu only instantiate their templates (hipified along with
+# csrc/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=${HIP_ARCH:-gfx90a}

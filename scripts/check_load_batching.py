@@ -1,5 +1,5 @@
 """Guard on the pooling kernels' machine code: every thread must issue all its window loads
-before it consumes any (see the header of csrc/include/dsv4/compress_kernels.cuh).
+before it consumes any (see the header of csrc/include/dsv4/compress/window_rows.cuh).
 
   python scripts/check_load_batching.py CUOBJDUMP LIBRARY_OR_CUBIN
 
@@ -11,9 +11,9 @@ loads), per copy of the pooling code (a kernel may hold several): no destination
 loaded again after a use (a reload means a row was consumed before the next row's load went
 out) and all of them lie within MAX_SPAN instructions. The ape rows (plain loads) must go out
 in the same round, before the first use of a loaded value. Under register pressure the
-compiler silently serialises the loads, which made small decode steps 2x slower once, and a
-conversion placed ahead of the ape loads cost the mixed-dtype cr 128 decode 14-23 % (fourteenth
-session); this makes both a CI failure. The other mixed-dtype instances load their two sources
+compiler silently serialises the loads, which makes small decode steps much slower, and a
+conversion placed ahead of the ape loads costs the mixed-dtype cr 128 decode a second round
+trip; this makes both a CI failure. The other mixed-dtype instances load their two sources
 in separate passes by design and are not checked.
 
 The store kernels (compress_norm_rope_store_kernel) get the same guard in another form: after
@@ -140,12 +140,10 @@ def main() -> int:
                 bad.append(f"{demangle(name)}: {err or f'only {issued} of {need} loads'}"
                            " issued after the wait before the first use of one")
             continue
-        if "c4_kernel" not in name and "c128_kernel" not in name:
-            continue
-        # Mangled template arguments: I <state> <input> <mode> ..., f = float, t = unsigned
-        # short; c128 mode 1 = decode.
-        m = re.search(r"c(4|128)_kernelI([ft])([ft])(Li1E)?", name)
-        if not m or (m.group(2) != m.group(3) and not (m.group(1) == "128" and m.group(4))):
+        # The pooling kernels (include/dsv4/compress/c4.cuh, c128_prefill.cuh, c128_decode.cuh).
+        # Mangled template arguments: I <state> <input> ..., f = float, t = unsigned short.
+        m = re.search(r"(c4|c128_prefill|c128_decode)_kernelI([ft])([ft])", name)
+        if not m or (m.group(2) != m.group(3) and m.group(1) != "c128_decode"):
             continue  # mixed dtypes outside the cr 128 decode: two passes by design
         pretty = demangle(name)
         # (index, destination, predicate) of each streaming load
@@ -186,11 +184,11 @@ def main() -> int:
                 continue
             # The ape rows (plain loads) go out in the same round, from the start of the basic
             # block of the first window load to the first use of a loaded value: a use of a
-            # window row ahead of them costs one more round trip (fourteenth session: nvcc
-            # unpacked bf16 state rows ahead of the branch on the ape's type). The second
-            # source of a load_rows_either row waits for the first (one register), which is
-            # not a use; it delays the ape loads of the fp32-state / bf16-input decode instance
-            # until its state rows arrive (measured: within 1-4 % of fp32 / fp32).
+            # window row ahead of them costs one more round trip (nvcc once unpacked bf16
+            # state rows ahead of the branch on the ape's type). The second source of a
+            # load_rows_either row waits for the first (one register), which is not a use; it
+            # delays the ape loads of the fp32-state / bf16-input decode instance until its
+            # state rows arrive (measured close to fp32 / fp32, docs/performance_log.md).
             first = index_of[addr_of[group[0][0]]]
             issued, err = round_from(code, block_start(code, first), loads_may_wait=True)
             window = {addr_of[i] for i, _, _ in group}

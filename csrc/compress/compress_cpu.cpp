@@ -41,7 +41,9 @@ Ctx<TS, TI> make_ctx(const Params& p, bool online) {
   return c;
 }
 
-// Pool the window `d` into res[0..hd) (softmax states). `scratch` holds hd states.
+// Pool the window `d` into res[0..hd) (softmax states). `scratch` holds hd states. Absent rows
+// of a window that has a present row fold as the GPU kernels fold them, kv 0 and logit
+// kAbsentScore + ape (weight 0 unless the ape entry is NaN or +inf, compress_math.h).
 template <typename TS, typename TI>
 void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
                  SoftmaxState* scratch) {
@@ -57,17 +59,16 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
     SoftmaxState* gs = g == 0 ? res : scratch;
     for (int ch = 0; ch < hd; ++ch) gs[ch] = softmax_empty();
     for (int r0 = g * group_rows; r0 < (g + 1) * group_rows; r0 += kChunk) {
-      if (r0 + kChunk <= d.lo || r0 >= d.hi) continue;
       const TS* skv[kChunk];
       const TI* ikv[kChunk];
       int64_t soff[kChunk];
       int kind[kChunk];
-      bool present[kChunk];
+      bool every[kChunk];  // every row folds, absent ones included (above)
       for (int u = 0; u < kChunk; ++u) {
         const int r = r0 + u;
         const RowSource s = row_source(w, cr, r);
         kind[u] = s.kind;
-        present[u] = s.kind != kAbsent;
+        every[u] = true;
         soff[u] = score_offset(cr, hd, r) - kv_offset(cr, hd, r);
         skv[u] = s.kind == kFromState ? c.st + s.index * c.st_row + kv_offset(cr, hd, r) : nullptr;
         ikv[u] = s.kind == kFromInput ? c.in + s.index * c.in_row + kv_offset(cr, hd, r) : nullptr;
@@ -75,7 +76,7 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
       for (int ch = 0; ch < hd; ++ch) {
         float z[kChunk], kv[kChunk];
         for (int u = 0; u < kChunk; ++u) {
-          float k = 0.0f, sc = -FLT_MAX;
+          float k = 0.0f, sc = kAbsentScore;
           if (kind[u] == kFromState) {
             k = load_as_f32(skv[u], ch);
             sc = load_as_f32(skv[u], soff[u] + ch);
@@ -84,9 +85,9 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
             sc = load_as_f32(ikv[u], soff[u] + ch);
           }
           kv[u] = k;
-          z[u] = present[u] ? sc + c.ape[size_t((r0 + u) * hd + ch)] : -FLT_MAX;
+          z[u] = sc + c.ape[size_t((r0 + u) * hd + ch)];
         }
-        softmax_fold<kChunk>(gs[ch], z, kv, present);
+        softmax_fold<kChunk>(gs[ch], z, kv, every);
       }
     }
     if (g > 0)
@@ -189,9 +190,10 @@ void store_online(const Ctx<TS, TI>& c, int64_t slot, int ch, const SoftmaxState
   if (slot < 0 || slot >= c.p.num_state_rows) return;
   TS* r = c.st + slot * c.st_row;
   const int hd = c.p.hd;
-  store_from_f32(r, ch, s.m);
-  store_from_f32(r, hd + ch, s.s);
-  store_from_f32(r, 2 * hd + ch, softmax_value(s));
+  const OnlineRow o = to_online(s);
+  store_from_f32(r, ch, o.m);
+  store_from_f32(r, hd + ch, o.S);
+  store_from_f32(r, 2 * hd + ch, o.K);
 }
 
 // Online decode (SPEC 3.5): fold the token into the running state; q == 127 emits K'.

@@ -1,11 +1,13 @@
 // compress_forward on CUDA / HIP: argument checks (shared with the CPU glue), device guard,
-// current stream, PDL-aware launches of the kernels in include/dsv4/compress_kernels.cuh.
+// current stream, PDL-aware launches of the kernels in include/dsv4/compress/ (one header per
+// kernel; their instances are compiled in csrc/compress/instantiations/ and reached through
+// kernel_set, see include/dsv4/compress/kernel_set.cuh).
 // No host sync, no host allocation: safe inside CUDA-graph capture.
 #include <torch/library.h>
 
 #include "compress/compress_checks.h"
 #include "cuda_glue.h"
-#include "include/dsv4/compress_kernels.cuh"
+#include "include/dsv4/compress/kernel_set.cuh"
 
 namespace dsv4 {
 namespace compress {
@@ -19,27 +21,28 @@ template <typename TS, typename TI, int kHd>
 void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
                 const std::optional<at::Tensor>& plan_w, const LaunchEnv& env) {
   const Params p = pass_params(base, plan, true);
-  const auto launch = [&](auto kernel, int64_t blocks, int threads, const Params& args) {
+  const KernelSet k = kernel_set<TS, TI, kHd>();
+  const auto launch = [&](Kernel kernel, int64_t blocks, int threads, const Params& args) {
     launch_kernel(kernel, grid_1d(blocks), dim3(threads), 0, env.stream, env.pdl, args);
     DSV4_CHECK_LAUNCH();
   };
   // c128 prefill / online: records per block (c128_records_per_block) set the grid.
-  const auto launch_c128_records = [&](auto kernel, Params args) {
+  const auto launch_c128_records = [&](Kernel kernel, Params args) {
     args.records_per_block = c128_records_per_block(args.num_records, kHd, env.sms);
     launch(kernel, c128_record_blocks(args.num_records, kHd, args.records_per_block), kC128Block,
            args);
   };
   if (cs.online && cs.decode) {
-    launch(online_decode_kernel<TS, TI>, ceil_div(p.num_records, kBlock / (kHd / kVec)), kBlock, p);
+    launch(kernel_set<TS, TI, 512>().online_decode, ceil_div(p.num_records, kBlock / (kHd / kVec)),
+           kBlock, p);
     return;
   }
   if (cs.online) {
     // Closed chunks (plan_c, output rows), then the open segments' states (plan_w).
     Params pw = pass_params(base, *plan_w, false);
     pw.online_store = 1;
-    const auto online = c128_kernel<TS, TI, kModeOnline, kHd>;
-    launch_c128_records(online, p);
-    launch_c128_records(online, pw);
+    launch_c128_records(k.c128_online, p);
+    launch_c128_records(k.c128_online, pw);
     return;
   }
   if (cs.cr == 4) {
@@ -47,14 +50,12 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
     if (cs.decode) {
       // One wave of resident blocks: the next kernel may launch as soon as the row copies are
       // out, its blocks take slots this grid leaves free. With more blocks they would take
-      // slots of this grid's later blocks. Measured on the H200 (graph replay, fp32, the
-      // next kernel a store): 1024 closing hd 128 requests 5.34-5.36 -> 5.08 us, 8 closing
-      // hd 512 3.44-3.46 -> 3.23; 1024 closing hd 512 (two waves) 12.75-12.78 -> 13.72-13.74.
+      // slots of this grid's later blocks, which measured slower (docs/performance_log.md).
       Params pd = p;
       pd.early_trigger = groups <= int64_t(DSV4_C4_MIN_BLOCKS) * env.sms ? 1 : 0;
-      launch(c4_kernel<TS, TI, true, kHd>, groups, kC4Block, pd);
+      launch(k.c4_decode, groups, kC4Block, pd);
     } else {  // resident blocks: DSV4_C4_MIN_BLOCKS per SM
-      launch(c4_kernel<TS, TI, false, kHd>,
+      launch(k.c4_prefill,
              strided_unit_groups(groups, 1, DSV4_C4_MIN_BLOCKS * env.sms, kC4MaxTurns), kC4Block,
              p);
     }
@@ -62,20 +63,16 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
     Params pd = p;
     const int64_t groups = c128_decode_groups(p.num_records, kHd, env.sms);
     pd.records_per_block = c128_decode_records_per_block(p.num_records, groups);
-    launch(c128_kernel<TS, TI, kModeDecode, kHd>, c128_decode_blocks(p.num_records, kHd, groups),
-           kC128Block, pd);
+    launch(k.c128_decode, c128_decode_blocks(p.num_records, kHd, groups), kC128Block, pd);
   } else {
-    launch_c128_records(c128_kernel<TS, TI, kModePrefill, kHd>, p);
+    launch_c128_records(k.c128_prefill, p);
   }
   if (!cs.decode) {
     // Writes strictly after every compress read of this call (stream order / PDL wait).
     Params pw = pass_params(base, *plan_w, false);
     pw.after_pool = p.num_records > 0 ? 1 : 0;  // the pooling kernel was launched just before
     const int64_t blocks = std::min<int64_t>(ceil_div(pw.num_records, kWriteGroups), 2048);
-    if (cs.cr == 4)
-      launch(write_rows_kernel<TS, TI, 4 * kHd>, blocks, kBlock, pw);
-    else
-      launch(write_rows_kernel<TS, TI, 2 * kHd>, blocks, kBlock, pw);
+    launch(cs.cr == 4 ? k.write_c4_rows : k.write_c128_rows, blocks, kBlock, pw);
   }
 }
 

@@ -14,10 +14,10 @@
 //  * Decode seq_len == 0 closes no window (out = 0); offline decode still copies the row.
 //    Online decode with seq_len == 0 carries no token: out = 0 and no state is written.
 //  * Offline decode pools "after the copy": the just-written row enters the window as its
-//    state-dtype value. The GPU kernels store the row first and read it back from the state
-//    (cr = 4: the thread that stores channels c..c+3 reads them; cr = 128: after a block
-//    barrier). Batch entries that address each other's slots race (the planners never emit
-//    them).
+//    state-dtype value. The cr = 4 GPU kernel stores the row first and reads it back from the
+//    state (the thread that stores channels c..c+3 reads them); the cr = 128 one reads it from
+//    its input row, rounded as the copy stores it. Batch entries that address each other's
+//    slots race (the planners never emit them).
 //  * Online prefill merges with the stored state at read_page_1 if >= 0, else read_page_0,
 //    literally as SPEC 3.5 says (online records carry read_page_1 = rid, the committed
 //    bank; read_page_0 = rid + state_slot_offset is where the trailing segment is stored).
@@ -28,6 +28,15 @@
 //    to the fp32 M), so each stored value is within one bf16 ulp of the exact state.
 //  * Every slot / page / ragged row outside its buffer, or negative, is an absent row on
 //    read and a skipped write; a window with no present row pools to 0.
+//  * Non-finite values (SPEC 1.2 is the float64 softmax): a NaN in a score, an ape entry or a
+//    kv value of a present row pools to NaN, as does a +inf logit (inf - inf); -inf logits
+//    weigh 0, and a channel whose present logits are all -inf pools to 0 (softmax gives NaN
+//    there). Every NaN written is the canonical one (canonical_nan), so the backends agree
+//    bit for bit on it. An absent row of a window that has a present row is kv 0 with score
+//    kAbsentScore, and its logit kAbsentScore + ape (the GPU folds every row slot of a thread
+//    without a per-row select, and the CPU does the same): a NaN or +inf ape entry therefore
+//    also poisons the windows where its row is absent (the first cr = 4 window, as the SPEC's
+//    score -FLT_MAX + ape; the rows of a chunk outside an online segment).
 #pragma once
 
 #include <cfloat>
@@ -360,13 +369,32 @@ DSV4_HD void softmax_merge(SoftmaxState& x, const SoftmaxState& y) {
   x.m = M;
 }
 
-// Normalised pooled value; a window with no present row gives 0 (never 0/0).
-DSV4_HD float softmax_value(const SoftmaxState& st) { return st.s > 0.0f ? st.a / st.s : 0.0f; }
+// v, or the canonical quiet NaN (bits 0x7fc00000, torch's NaN) if v is a NaN: the backends'
+// arithmetic yields NaNs of different sign and payload (x86 propagates an operand's, CUDA has
+// its own), and every NaN compress_forward writes is this one (bf16: f32_to_bf16's 0x7fc0).
+DSV4_HD float canonical_nan(float v) { return v != v ? bits_f32(0x7fc00000u) : v; }
+
+// Normalised pooled value. s == 0 only where no row weighs anything (no present row, or every
+// present logit -inf): 0, never 0/0. A NaN logit (score or ape) makes s a NaN, a NaN kv makes
+// a one (also at weight 0, 0 * NaN, as the float64 softmax has it), and a +inf logit makes
+// both NaN (inf - inf): the value is then the canonical NaN.
+DSV4_HD float softmax_value(const SoftmaxState& st) {
+  return canonical_nan(st.s != 0.0f ? st.a / st.s : 0.0f);
+}
 
 // Online running state (m | S | K, K normalised) -> softmax state. An empty state stored in
 // bf16 reads back m = -inf (-FLT_MAX rounds up); clamping keeps merges free of inf - inf.
 DSV4_HD SoftmaxState from_online(float m, float S, float K) {
   return SoftmaxState{fmaxf(m, -FLT_MAX), S, K * S};
+}
+
+// Softmax state -> the (m, S, K) an online state row stores. m is never a NaN (fmaxf skips a
+// NaN logit); a NaN reaches S and K, and stays there through every later fold and merge.
+struct OnlineRow {
+  float m, S, K;
+};
+DSV4_HD OnlineRow to_online(const SoftmaxState& st) {
+  return OnlineRow{st.m, canonical_nan(st.s), softmax_value(st)};
 }
 
 // ---- kernel parameters (both backends) --------------------------------------------------------

@@ -1,0 +1,4 @@
+// compress_forward kernels of one instance: bf16 state, bf16 input, head_dim 128 (kernel_set.cuh).
+#include "include/dsv4/compress/kernel_set_def.cuh"
+
+DSV4_COMPRESS_KERNEL_SET(uint16_t, uint16_t, 128)
