@@ -18,4 +18,4 @@ __all__ = [
     "compress_norm_rope_store", "store_format_of", "set_debug", "validate_compress",
     "validate_store",
 ]
-__version__ = "0.1.0"
+from ._library import VERSION as __version__  # pyproject.toml's version, as the build recorded it
