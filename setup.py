@@ -10,15 +10,20 @@ Environment:
     TORCH_CUDA_ARCH_LIST       CUDA targets (default "8.0;9.0;10.0")
     PYTORCH_ROCM_ARCH          ROCm targets (default "gfx90a;gfx942")
     MAX_JOBS                   parallel compile jobs
+    DSV4_OPS_BUILD_TEMP        keep the compiled objects in this folder, so that the next build
+                               (pip's editable ones included, which otherwise use a fresh
+                               temporary folder) recompiles only what changed (ninja)
 """
 import glob
+import json
 import os
 
-from setuptools import find_packages, setup
+from setuptools import setup
 import torch
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+BUILD_RECORD = "_build_info.json"  # read by dsv4_ops/_library.py
 
 
 def _flag(name):
@@ -63,14 +68,35 @@ def extensions():
         extra_link_args=["-fopenmp"])]
 
 
-setup(
-    name="dsv4_ops",
-    version="0.1.0",
-    description="DeepSeek-V4 KV-cache compressor kernels as PyTorch custom operators",
-    packages=find_packages(include=["dsv4_ops", "dsv4_ops.*"]),
-    ext_modules=extensions(),
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)},
-    python_requires=">=3.10",
-    install_requires=["torch>=2.6"],
-    zip_safe=False,
-)
+class BuildExtension(cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)):
+    """Builds dsv4_ops._C, then writes the build record next to it (_build_info.json): the
+    package version, the torch it was built against and the GPU targets. dsv4_ops/_library.py
+    checks the torch version before loading the library."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if os.environ.get("DSV4_OPS_BUILD_TEMP"):
+            self.build_temp = os.path.abspath(os.environ["DSV4_OPS_BUILD_TEMP"])
+
+    def run(self):
+        super().run()
+        gpu = _gpu_build()
+        arch_var = {"cuda": "TORCH_CUDA_ARCH_LIST", "hip": "PYTORCH_ROCM_ARCH"}.get(gpu)
+        archs = os.environ.get(arch_var, "") if arch_var else ""
+        record = {
+            "version": self.distribution.get_version(),
+            "torch": str(torch.__version__),
+            "gpu": gpu,
+            "cuda": torch.version.cuda if gpu == "cuda" else None,
+            "hip": torch.version.hip if gpu == "hip" else None,
+            "archs": archs.replace(" ", ";").split(";") if archs else [],
+        }
+        path = os.path.join(os.path.dirname(self.get_ext_fullpath("dsv4_ops._C")), BUILD_RECORD)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+
+
+# Metadata (name, version, dependencies, packages) lives in pyproject.toml.
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtension})

@@ -2,5 +2,5 @@
 
     python benchmarks/run.py [--quick] [--only REGEX] [--out DIR]      # everything
     python benchmarks/bench_compress.py --quick                       # one family
-    PYTHONPATH=.peer/stubs:/tmp/site python benchmarks/peer_compare.py # vs the reference engine
+    python benchmarks/peer_compare.py --peer-dir PEER                 # vs the reference engine
 """

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """dsv4_ops side by side with the reference engine's own kernels, in one process.
 
-The peer harness (sgl_bench.py, in --peer-dir, default .peer; see its README for how the
-folder and its wheels travel to the GPU machine) is used as measuring equipment: its World
+The peer kit (--peer-dir: the harness sgl_bench.py, stubs/ and the reference engine's wheels;
+benchmarks/README.md says how to assemble it) is used as measuring equipment: its World
 (case inputs), Bench (driver, correctness checks against its float64 model) and Timer (cold L2
 and CUDA-graph replay). Every case of its case list runs twice, back to back: once through
 the reference engine's API (the harness's import_api()) and once through an object exposing
 the same attributes backed by dsv4_ops. The byte counts are the harness's own, so GB/s match.
 
-    PYTHONPATH=$PWD/.peer/stubs:/tmp/site python benchmarks/peer_compare.py --out DIR [--quick]
+    pip install --no-index --no-deps --target SITE PEER/wheels/*.whl     # once
+    PYTHONPATH=PEER/stubs:SITE python benchmarks/peer_compare.py --peer-dir PEER --out DIR [--quick]
 
 Writes peer_compare.json (both result lists, both check lists, the joined table, environment,
 copy ceiling) and peer_compare.md under --out, and prints the joined table:
@@ -77,10 +78,16 @@ def dsv4_api() -> SimpleNamespace:
 # --------------------------------------------------------------------------------------
 # Harness loading
 # --------------------------------------------------------------------------------------
+PEER_KIT_HELP = (
+    "the peer kit is a folder with the harness sgl_bench.py, stubs/ (the sglang package "
+    "__init__ stand-ins) and wheels/ (sglang 0.5.23, apache-tvm-ffi 0.1.11, msgspec for the GPU "
+    "machine's Python); see 'The peer kit' in benchmarks/README.md for how to obtain them")
+
+
 def load_harness(peer_dir: str):
     path = os.path.join(peer_dir, "sgl_bench.py")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"peer harness not found: {path}")
+        raise FileNotFoundError(f"no peer harness {path} (--peer-dir {peer_dir}): {PEER_KIT_HELP}")
     if peer_dir not in sys.path:
         sys.path.insert(0, peer_dir)
     import sgl_bench  # noqa: WPS433
@@ -228,7 +235,8 @@ def geomean(xs: List[float]) -> Optional[float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peer-dir", default=".peer", help="folder holding sgl_bench.py and stubs/")
+    ap.add_argument("--peer-dir", required=True,
+                    help="the peer kit: sgl_bench.py, stubs/, wheels/ (benchmarks/README.md)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "peer_compare_out")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default=None, help="regex on the harness's case names")
@@ -264,7 +272,8 @@ def main(argv=None) -> int:
         H.prepare_toolchain(info)
     except Exception as e:  # noqa: BLE001
         log(f"[peer_compare] cannot load the peer harness from {peer_dir}: {type(e).__name__}: {e}")
-        traceback.print_exc()
+        if not isinstance(e, FileNotFoundError):
+            traceback.print_exc()
         return 1
     import torch
 
@@ -295,8 +304,9 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001
             log(f"[peer_compare] cannot import the reference engine (sglang): "
                 f"{type(e).__name__}: {e}")
-            log("  (install .peer/wheels/*.whl into /tmp/site and run with "
-                "PYTHONPATH=$PWD/.peer/stubs:/tmp/site, see .peer/README.md)")
+            log(f"  (install {peer_dir}/wheels/*.whl into a folder SITE with pip install "
+                f"--no-index --no-deps --target SITE and run with PYTHONPATH={peer_dir}/stubs:SITE; "
+                f"{PEER_KIT_HELP})")
             traceback.print_exc()
             return 1
     if "dsv4" in apis:

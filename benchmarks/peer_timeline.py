@@ -12,10 +12,10 @@ table gives medians over its pairs:
   store after C     store end - compress end: the store's work after its wait
   compress after S  next compress end - store end
   store lead        compress end - store start: how long the store was resident beforehand
-The inputs, plans and engines come from the peer harness (see benchmarks/peer_compare.py for
-how it reaches the GPU machine).
+The inputs, plans and engines come from the peer kit (as for benchmarks/peer_compare.py;
+benchmarks/README.md says how to assemble it).
 
-    PYTHONPATH=$PWD/.peer/stubs:/tmp/site python benchmarks/peer_timeline.py --out DIR
+    PYTHONPATH=PEER/stubs:SITE python benchmarks/peer_timeline.py --peer-dir PEER --out DIR
 
 Writes peer_timeline.json and peer_timeline.md under --out.
 """
@@ -67,13 +67,18 @@ def hand_over(spans: List[Tuple[str, float, float]], pairs: int) -> Dict[str, fl
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peer-dir", default=".peer", help="folder holding sgl_bench.py and stubs/")
+    ap.add_argument("--peer-dir", required=True,
+                    help="the peer kit: sgl_bench.py, stubs/, wheels/ (benchmarks/README.md)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "peer_timeline_out")
     ap.add_argument("--bs", type=int, default=8, help="decode rows, every one closing a window")
     ap.add_argument("--pairs", type=int, default=20, help="compress -> store pairs per graph")
     args = ap.parse_args(argv)
 
-    H = P.load_harness(os.path.abspath(args.peer_dir))
+    try:
+        H = P.load_harness(os.path.abspath(args.peer_dir))
+    except FileNotFoundError as e:
+        print(f"peer_timeline: {e}")
+        return 1
     H.setup_import_path()
     info: Dict[str, Any] = {}
     H.prepare_toolchain(info)

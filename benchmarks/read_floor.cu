@@ -1,4 +1,4 @@
-// How fast the GPU can move the bytes of the issue's large cases at all: for each case's
+// How fast the GPU can move the bytes of the large benchmark cases at all: for each case's
 // minimum traffic (the MB column of benchmarks/run.py), the cold time of a pure read of that
 // many bytes and of a copy moving them (half read, half written), timed as the benchmarks time
 // the ops (a 256 MiB memset before each call, CUDA events, median). Two read shapes:
@@ -8,7 +8,7 @@
 //   * one block per 64 KB: the hardware hands each block to the next free slot, as the
 //     prefill kernels' one-block-per-record grids are.
 // A kernel that reads its bytes cannot beat the faster of the two by much, so these are the
-// floors that the performance log compares the issue's targets with.
+// floors that the performance targets are compared with.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o read_floor benchmarks/read_floor.cu && ./read_floor [reps]
 //
@@ -69,14 +69,14 @@ __global__ void chunk_read(const float4* __restrict__ p, int64_t n, float* sink)
 struct Case {
   const char* name;
   double mb;
-  double target_us;  // the issue's target; 0: compress_forward at 90 % of the copy bandwidth
+  double target_us;  // the performance target; 0: compress_forward at 90 % of the copy bandwidth
 };
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
-  // benchmarks/run.py's minimum traffic of the issue's large cases (docs/h200/benchmarks.md)
-  // and their targets (issue 3: the store 2x faster than the reference engine's 20 us, the
-  // all-closing decode no slower than its 138 us).
+  // benchmarks/run.py's minimum traffic of the large cases (docs/h200/benchmarks.md) and
+  // their targets (the store twice as fast as the reference engine's 20 us, the all-closing
+  // decode no slower than its 138 us).
   const Case cases[] = {{"fp8_ds_mla store p8x4096", 23.9, 10.0},
                         {"cr 4 hd 128 prefill p8x4096 (fp32)", 72.5, 0.0},
                         {"cr 128 hd 512 prefill p8x4096 (fp32)", 135.0, 0.0},

@@ -25,4 +25,4 @@ __all__ = [
     "kv_cache", "kv_score_row_width", "state_buffer", "state_row_width", "state_slots",
     "window_size",
 ]
-__version__ = "0.1.0"
+from ._library import VERSION as __version__  # pyproject.toml's version, as the build recorded it

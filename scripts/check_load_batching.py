@@ -11,9 +11,9 @@ loads), per copy of the pooling code (a kernel may hold several): no destination
 loaded again after a use (a reload means a row was consumed before the next row's load went
 out) and all of them lie within MAX_SPAN instructions. The ape rows (plain loads) must go out
 in the same round, before the first use of a loaded value. Under register pressure the
-compiler silently serialises the loads, which makes small decode steps much slower, and a
-conversion placed ahead of the ape loads costs the mixed-dtype cr 128 decode a second round
-trip; this makes both a CI failure. The other mixed-dtype instances load their two sources
+compiler silently serialises the loads (small decode steps then run twice as long), or places a
+conversion ahead of the ape loads (one more round trip per mixed-dtype cr 128 decode); this
+makes both a CI failure. The other mixed-dtype instances load their two sources
 in separate passes by design and are not checked.
 
 The store kernels (compress_norm_rope_store_kernel) get the same guard in another form: after
@@ -184,11 +184,11 @@ def main() -> int:
                 continue
             # The ape rows (plain loads) go out in the same round, from the start of the basic
             # block of the first window load to the first use of a loaded value: a use of a
-            # window row ahead of them costs one more round trip (nvcc once unpacked bf16
-            # state rows ahead of the branch on the ape's type). The second source of a
-            # load_rows_either row waits for the first (one register), which is not a use; it
-            # delays the ape loads of the fp32-state / bf16-input decode instance until its
-            # state rows arrive (measured close to fp32 / fp32, docs/performance_log.md).
+            # window row ahead of them costs one more round trip (e.g. bf16 state rows unpacked
+            # ahead of the branch on the ape's type). The second source of a load_rows_either
+            # row waits for the first (one register), which is not a use; it delays the ape
+            # loads of the fp32-state / bf16-input decode instance until its state rows arrive,
+            # which costs little against fp32 / fp32.
             first = index_of[addr_of[group[0][0]]]
             issued, err = round_from(code, block_start(code, first), loads_may_wait=True)
             window = {addr_of[i] for i, _, _ in group}

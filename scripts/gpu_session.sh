@@ -1,51 +1,65 @@
 #!/usr/bin/env bash
-# The one command to run on the GPU machine, from the repository root:
+# A whole GPU test run of dsv4_ops, from the repository root of the GPU machine:
 #
-#   bash scripts/gpu_session.sh                      # every stage
-#   STAGES="build test" bash scripts/gpu_session.sh  # some stages (e.g. one device call each)
+#   bash scripts/gpu_session.sh [BUDGET_S]             # every stage, within BUDGET_S seconds
+#   STAGES="build test" bash scripts/gpu_session.sh    # some stages (a long run can be split
+#   STAGES="bench" bash scripts/gpu_session.sh         # over several calls this way)
 #
 # Stages (in this order, each optional, a failing stage does not stop the next ones):
-#   build      pip install -e . with the CUDA kernels for sm_90, then checks every op has a CUDA kernel
+#   build      pip install -e . with the CUDA kernels for the GPU's architecture, then checks
+#              that every op has a CUDA kernel
 #   test       pytest -q over tests/ (junit xml + log)
 #   bench      benchmarks/run.py (results.json / results.md / bandwidth.png), then the read
 #              floors of the large cases (benchmarks/read_floor.cu, built with nvcc when present;
 #              read_floor.md in results.tar.gz and the bench log)
-#   peer       benchmarks/peer_compare.py against the reference engine's kernels (needs .peer/,
-#              see .peer/README.md; installs .peer/wheels/*.whl into /tmp/site first)
+#   peer       benchmarks/peer_compare.py against the reference engine's kernels; needs
+#              PEER_DIR (benchmarks/README.md says how to make it), skipped without it
 #   sanitizer  scripts/sanitize.sh: compute-sanitizer memcheck + racecheck over small CUDA tests
 #
+# The time budget: BUDGET_S (first argument or environment; default 0: none) is the wall-clock
+# budget of the whole run; each stage runs under min(its cap, what is left of the budget less
+# RESERVE_S for packing the results), and a stage with less than 20 s left is skipped. Set it
+# a little under the machine's own limit when the GPU machine stops long commands.
+#
 # Environment (all optional):
-#   STAGES        default "build test bench peer sanitizer"
-#   OUT           where results go (default ./gpu_out); at most 8 files are written there:
-#                 summary.txt session.log results.tar.gz junit.xml results.md bandwidth.png
-#                 peer_compare.md sanitizer_summary.txt
-#   PYTHON        interpreter (default python3)
-#   DEADLINE_S    wall-clock budget of the whole session in seconds (default 570: a device
-#                 command is killed at 600 s); each stage gets min(its cap, what is left)
-#   T_BUILD T_TEST T_BENCH T_PEER T_SANITIZER   per-stage caps in seconds
-#   AUTO_BUILD=1  build even without the build stage when dsv4_ops has no CUDA kernels (default 1)
-#   BUILD_MODE    pip (default) | inplace (setup.py build_ext --inplace: incremental rebuilds)
-#   PYTEST_ARGS   extra pytest arguments (e.g. "-x" or "-k cuda")
-#   BENCH_ARGS    extra benchmarks/run.py arguments (e.g. "--quick", "--only compress")
-#   PEER_ARGS     extra benchmarks/peer_compare.py arguments (e.g. "--quick")
-#   SAN_*         see scripts/sanitize.sh
+#   STAGES                default "build test bench peer sanitizer"
+#   OUT                   where results go (default ./gpu_out); at most 8 files are written
+#                         there: summary.txt run.log results.tar.gz junit.xml results.md
+#                         bandwidth.png peer_compare.md sanitizer_summary.txt
+#   PYTHON                interpreter (default python3)
+#   TORCH_CUDA_ARCH_LIST  CUDA targets of the build (default: the compute capability of GPU 0)
+#   MAX_JOBS              parallel compile jobs (default: the CPU count)
+#   T_BUILD T_TEST T_BENCH T_PEER T_SANITIZER
+#                         per-stage caps in seconds (defaults 420 450 300 300 480: what each
+#                         stage needs on one H200 with 16 cores, with some room)
+#   RESERVE_S             seconds of the budget kept for packing the results (default 20)
+#   AUTO_BUILD=1          build even without the build stage when dsv4_ops has no CUDA kernels
+#                         (default 1)
+#   BUILD_MODE            pip (default) | inplace (setup.py build_ext --inplace: incremental)
+#   DSV4_KEEP_CXX=1       keep CC / CXX / CUDAHOSTCXX as they are (see below)
+#   PYTEST_ARGS           extra pytest arguments (e.g. "-x" or "-k cuda")
+#   BENCH_ARGS            extra benchmarks/run.py arguments (e.g. "--quick", "--only compress")
+#   PEER_DIR              the peer kit (sgl_bench.py, stubs/, wheels/; benchmarks/README.md)
+#   PEER_SITE             where the peer wheels are installed (default /tmp/dsv4_peer_site)
+#   PEER_ARGS             extra benchmarks/peer_compare.py arguments (e.g. "--quick")
+#   SAN_*                 see scripts/sanitize.sh
 # Exit status: the number of failed stages (0 = all requested stages passed).
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 export ROOT
-# Build with the system toolchain: the H200 image points CC/CXX/CUDAHOSTCXX at /opt/gcc, whose
-# g++ links libstdc++ statically into shared objects; an extension built that way crashes in
-# std::ostream as soon as an op formats an error message (seen on the device, 2026-11-29).
+# Build with the system toolchain: a g++ that links libstdc++ statically into shared objects
+# (as some images' CC / CXX / CUDAHOSTCXX do) makes an extension that crashes in std::ostream
+# as soon as an op formats an error message.
 if [ -x /usr/bin/g++ ] && [ -z "${DSV4_KEEP_CXX:-}" ]; then
   export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 fi
 export PY=${PYTHON:-python3}
 export OUT=${OUT:-$ROOT/gpu_out}
-export WORK=${WORK:-/tmp/dsv4_gpu_session}
+export WORK=${WORK:-/tmp/dsv4_gpu_run}
 STAGES=${STAGES:-"build test bench peer sanitizer"}
-DEADLINE_S=${DEADLINE_S:-570}
+BUDGET_S=${1:-${BUDGET_S:-0}}
 T_BUILD=${T_BUILD:-420}
 T_TEST=${T_TEST:-450}
 T_BENCH=${T_BENCH:-300}
@@ -56,11 +70,13 @@ export BUILD_MODE=${BUILD_MODE:-pip}
 export PYTEST_ARGS=${PYTEST_ARGS:-}
 export BENCH_ARGS=${BENCH_ARGS:-}
 export PEER_ARGS=${PEER_ARGS:-}
+export PEER_DIR=${PEER_DIR:-}
+export PEER_SITE=${PEER_SITE:-/tmp/dsv4_peer_site}
 export PYTHONUNBUFFERED=1
-RESERVE_S=20   # kept for packaging the results
+RESERVE_S=${RESERVE_S:-20}
 
 T_START=$(date +%s)
-DEADLINE=$((T_START + DEADLINE_S))
+DEADLINE=$((BUDGET_S > 0 ? T_START + BUDGET_S : 0))
 mkdir -p "$OUT"
 rm -rf "$WORK"
 mkdir -p "$WORK"
@@ -90,8 +106,13 @@ EOF
 }
 
 stage_build() {
-  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-  export MAX_JOBS=${MAX_JOBS:-16}
+  if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+    TORCH_CUDA_ARCH_LIST=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))') ||
+      { echo "no CUDA device to take the architecture from: set TORCH_CUDA_ARCH_LIST"; return 1; }
+  fi
+  export TORCH_CUDA_ARCH_LIST
+  export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+  echo "building for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST with MAX_JOBS=$MAX_JOBS"
   nvcc --version 2>/dev/null | tail -1
   local rc=1
   if [ "$BUILD_MODE" = pip ]; then
@@ -129,21 +150,24 @@ stage_bench() {
 }
 
 stage_peer() {
-  if [ ! -f .peer/sgl_bench.py ]; then
-    echo "SKIP: no .peer/sgl_bench.py (copy ../shared/peer to .peer and carry it, see its README)"
+  if [ -z "$PEER_DIR" ] || [ ! -f "$PEER_DIR/sgl_bench.py" ]; then
+    echo "SKIP: no peer kit (set PEER_DIR to a folder with sgl_bench.py, stubs/ and wheels/;"
+    echo "      benchmarks/README.md says how to obtain it)"
     return 200
   fi
-  if ls .peer/wheels/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .peer/wheels/*.whl 2>&1 | grep -v "WARNING: Target directory" | tail -20
+  local peer
+  peer=$(cd "$PEER_DIR" && pwd)
+  if ls "$peer"/wheels/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$PEER_SITE" "$peer"/wheels/*.whl 2>&1 | grep -v "WARNING: Target directory" | tail -20
   else
-    echo "warning: no .peer/wheels/*.whl; relying on an existing /tmp/site"
+    echo "warning: no $peer/wheels/*.whl; relying on what $PEER_SITE holds"
   fi
   local budget=$(( STAGE_TIMEOUT - 60 ))
   [ "$budget" -lt 30 ] && budget=30
   # shellcheck disable=SC2086
-  PYTHONPATH="$ROOT/.peer/stubs:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" \
-    "$PY" benchmarks/peer_compare.py --peer-dir .peer --out "$WORK/peer" --budget-s "$budget" $PEER_ARGS
+  PYTHONPATH="$peer/stubs:$PEER_SITE${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PY" benchmarks/peer_compare.py --peer-dir "$peer" --out "$WORK/peer" --budget-s "$budget" $PEER_ARGS
 }
 
 stage_sanitizer() {
@@ -173,10 +197,12 @@ run_stage() {
   if ! want "$name"; then
     return 0
   fi
-  local now left t
-  now=$(date +%s)
-  left=$(( DEADLINE - now - RESERVE_S ))
-  t=$(( cap < left ? cap : left ))
+  local now left t=$cap
+  if [ "$DEADLINE" -gt 0 ]; then
+    now=$(date +%s)
+    left=$(( DEADLINE - now - RESERVE_S ))
+    t=$(( cap < left ? cap : left ))
+  fi
   if [ "$t" -lt 20 ]; then
     printf '%-10s %-22s %5ss\n' "$name" "SKIPPED (no time left)" 0 >> "$SUMMARY"
     say "stage $name skipped: no time left"
@@ -208,18 +234,18 @@ GIT_TREE=$(cd "$ROOT" && "$PY" -c 'from benchmarks.common import git_tree; print
 
 collect() {  # (re)build the <= 8 files under $OUT from what $WORK holds so far
   {
-    echo "dsv4_ops GPU session $(date '+%Y-%m-%d %H:%M:%S'), git $GIT_TREE, stages: $STAGES"
+    echo "dsv4_ops GPU run $(date '+%Y-%m-%d %H:%M:%S'), git $GIT_TREE, stages: $STAGES"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
     echo
     cat "$SUMMARY"
   } > "$OUT/summary.txt"
   local s f
-  : > "$OUT/session.log"
+  : > "$OUT/run.log"
   for s in build test bench peer sanitizer; do
     f="$WORK/$s.log"
     [ -f "$f" ] || continue
-    echo "######## $s" >> "$OUT/session.log"
-    tail -c 2500000 "$f" >> "$OUT/session.log"
+    echo "######## $s" >> "$OUT/run.log"
+    tail -c 2500000 "$f" >> "$OUT/run.log"
   done
   [ -f "$WORK/junit.xml" ] && cp "$WORK/junit.xml" "$OUT/junit.xml"
   [ -f "$WORK/bench/results.md" ] && cp "$WORK/bench/results.md" "$OUT/results.md"
@@ -234,7 +260,7 @@ collect() {  # (re)build the <= 8 files under $OUT from what $WORK holds so far
 }
 
 # ---------------------------------------------------------------------------------------
-say "root $ROOT, out $OUT, stages: $STAGES, budget ${DEADLINE_S}s, python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+say "root $ROOT, out $OUT, stages: $STAGES, budget ${BUDGET_S}s (0: none), python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
 if ! want build && [ "$AUTO_BUILD" = 1 ] && { want test || want bench || want peer || want sanitizer; }; then
   if ! check_cuda_ops > "$WORK/precheck.log" 2>&1; then
     say "dsv4_ops has no CUDA kernels here (see precheck); adding the build stage"

@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # Run the test suite on a fresh machine: makes .venv (once), installs torch and the test
-# dependencies, builds the extension in place, runs pytest. Extra arguments go to pytest.
-#   TORCH_SPEC   torch requirement to install (default torch==2.13.0, the CPU build here)
-#   DSV4_VENV    environment to use (default .venv); one that has torch keeps it, so on a
-#                GPU machine DSV4_VENV=/path/to/venv-with-cuda-torch tests the CUDA kernels
+# dependencies, builds the extension in place (only when something changed), runs pytest.
+# Extra arguments go to pytest. The tests marked slow (long serving scenarios, the CMake
+# build) are left out unless the arguments choose tests themselves: `-m slow` runs only them,
+# `-m ''` everything, a test id (file::name) runs that test.
+#   TORCH_SPEC       torch requirement to install (default torch==2.13.0, the CPU build here)
+#   DSV4_VENV        environment to use (default .venv); one that has torch keeps it, so on a
+#                    GPU machine DSV4_VENV=/path/to/venv-with-cuda-torch tests the CUDA kernels
+#   OMP_NUM_THREADS  CPU threads of the kernels (default 2: their parallel loops still split
+#                    the work, and the small test tensors gain nothing from more threads,
+#                    while more threads than free cores make every parallel loop wait)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-ensure_venv "${DSV4_VENV:-.venv}" pytest hypothesis numpy expecttest
+# shellcheck disable=SC2046  # one package per word
+ensure_venv "${DSV4_VENV:-.venv}" $(project_extra test)
 build_inplace
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # -q unless the arguments set the verbosity themselves (-q -q would drop the summary line).
 verbosity=(-q)
+select=(-m "not slow")
 for arg in "$@"; do
-  case "$arg" in -q* | -v* | --quiet | --verbose) verbosity=() ;; esac
+  case "$arg" in
+    -q* | -v* | --quiet | --verbose) verbosity=() ;;
+    -m* | *::*) select=() ;;
+  esac
 done
-"$VENV_PY" -m pytest "${verbosity[@]}" -p no:cacheprovider "$@"
+"$VENV_PY" -m pytest "${verbosity[@]}" "${select[@]}" -p no:cacheprovider "$@"

@@ -17,7 +17,9 @@ def device(request) -> torch.device:
 
 
 def pytest_report_header(config):
-    return f"dsv4_ops devices: {DEVICES}; library: {dsv4_ops.ops._library.LIBRARY_PATH}"
+    lib = dsv4_ops.ops._library
+    built = ", ".join(f"{k} {v}" for k, v in lib.BUILD_RECORD.items() if v)
+    return f"dsv4_ops devices: {DEVICES}; library: {lib.LIBRARY_PATH} ({built})"
 
 
 # Hypothesis: a fixed, CI-friendly budget unless overridden (DSV4_HYPOTHESIS_EXAMPLES).

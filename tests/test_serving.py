@@ -83,6 +83,7 @@ def test_prefill_from_scratch(device, length):
         assert res.reports["c4_main_fp8"].cache_bytes_checked > 0
 
 
+@pytest.mark.slow
 def test_prefill_every_length_in_ragged_batches(device):
     """Every prompt length 1..300 once, eight ragged prompts per prefill batch, each request
     then decoding a few steps next to the next batch's prompts."""
@@ -98,6 +99,7 @@ def test_prefill_every_length_in_ragged_batches(device):
         decode_steps(sim, previous, 5)
 
 
+@pytest.mark.slow
 def test_prefill_then_decode_crossing_windows(device):
     """Two requests decode 300 steps from unaligned prefills: many cr=4 windows close by
     decode and the cr=128 windows at 256, 384 and 512 close by decode too."""
@@ -245,6 +247,7 @@ def test_bf16_store_and_output_dtypes(device):
     _mixed_trace(make_sim(device, comps, max_context=512, out_loc_dtype=torch.int32))
 
 
+@pytest.mark.slow
 def test_online_cr128_long_decode(device):
     """The online running state across chunk boundaries, by decode and by extends that start
     and stop inside a chunk (state merge)."""
