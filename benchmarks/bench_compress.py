@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""compress_forward benchmarks (SPEC 3.4, 3.5).
+"""compress_forward benchmarks (docs/contract.md 3.4, 3.5).
 
 Cases, for main hd512 cr4, main hd512 cr128 and indexer hd128 cr4 (fp32 state):
 * decode, batch 1/8/64/256/1024, random context lengths ("rand": about 1 request in cr closes
@@ -144,7 +144,7 @@ def cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]
                         name = f"{tag}{sfx}/dec_bs{bs}_{pat}"
                         out.append((name, lambda n=name, hd=hd, r=r, bs=bs, pat=pat, sd=sd,
                                     o=online, i=idt: decode_case(ctx, n, hd, r, bs, pat, sd, o, i)))
-            # bf16 states: the first prefill case only. Padded plans (SPEC 3.4: the invalid
+            # bf16 states: the first prefill case only. Padded plans (contract 3.4: the invalid
             # rows' zeros count as written) with fp32 states.
             prefills = ctx.prefill_variants(padded=sd is f32)
             for pname, reqs, padded in (prefills[:1] if sd is b16 else prefills):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Planner benchmarks (SPEC 3.2, 3.3, 3.5).
+"""Planner benchmarks (docs/contract.md 3.2, 3.3, 3.5).
 
 * decode planner, batch 1..1024, random context lengths: SWA-paged cr 4, request-ring
   cr 128, online cr 128 (and legacy cr 4 in full runs). Timed cold (CUDA events), as host
@@ -10,7 +10,7 @@
   - device lengths (CUDA-graph capture / MTP path: no host sync): cold and graph replay.
 
 Each row also carries `check`: the planner's record counts against the counts derived from
-SPEC 3.3 / 3.5 in common.World (a sanity check of the case, not a test).
+contract 3.3 / 3.5 in common.World (a sanity check of the case, not a test).
 
     python benchmarks/bench_plan.py [--quick] [--device cuda|cpu] [--only REGEX]
 """

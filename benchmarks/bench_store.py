@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""compress_norm_rope_store benchmarks (SPEC 4) and the decode step (compress + store).
+"""compress_norm_rope_store benchmarks (docs/contract.md 4) and the decode step (compress + store).
 
 store: the compressed tokens of the compress cases, per cache format:
   fp8_ds_mla (main hd512, cr 4 and cr 128), bf16 (main hd512 cr 4), fp8_indexer and

@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # dsv4_ops is imported where it is used: the runner reports a
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --------------------------------------------------------------------------------------
-# Model / engine constants (SPEC 2, 4; the reference engine's defaults for DeepSeek-V4)
+# Model / engine constants (docs/contract.md 2, 4; the reference engine's defaults for DeepSeek-V4)
 # --------------------------------------------------------------------------------------
 FULL_PAGE = 256          # tokens per page of the full KV pool (req_to_token granularity)
 SWA_PAGE = 256           # swa_page_size
@@ -489,13 +489,13 @@ def make_world(*, ratio: int, head_dim: int, reqs: Sequence[Tuple[int, int]], de
         max_pos=max(s for s, _ in reqs) + 1, seed=seed)
 
 
-# -- counts the byte models need (analytic, from SPEC 3.3 / 3.5; independent of the planner)
+# -- counts the byte models need (analytic, from contract 3.3 / 3.5; independent of the planner)
 def decode_closing(w: World) -> int:
     return int((w.seq_lens_cpu % w.compress_ratio == 0).sum())
 
 
 def prefill_counts(w: World) -> Dict[str, int]:
-    """Compress events, write events and state rows read by a prefill (SPEC 3.3)."""
+    """Compress events, write events and state rows read by a prefill (contract 3.3)."""
     r, win, ring = w.compress_ratio, w.window, w.ring
     pad = ring - win + 2 if ring > win else 0
     n_c = n_w = slots = 0
@@ -591,7 +591,7 @@ def bytes_prefill_plan(w: World, n_c: int, n_w: int) -> int:
     return n_c * (16 + 2 * lookups) + n_w * (8 + lookups) + w.batch_size * 24
 
 
-# Online (cr 128 running state, SPEC 3.5): not in the peer harness; same rules.
+# Online (cr 128 running state, contract 3.5): not in the peer harness; same rules.
 def bytes_online_decode_compress(w: World, n_state_read: int, n_state_write: int,
                                   n_close: int) -> int:
     """Read every input row, the 3*hd state of each request not restarting its chunk, ape,

@@ -48,7 +48,7 @@ def log(*a: Any) -> None:
 # The dsv4_ops API object, shaped like the harness's import_api() result
 # --------------------------------------------------------------------------------------
 class _V4PageLayout:
-    """fp8_ds_mla page (SPEC 4): 576-byte token rows, then 8 scale bytes per token, the page
+    """fp8_ds_mla page (docs/contract.md 4): 576-byte token rows, then 8 scale bytes per token, the page
     padded to a whole number of 576-byte rows."""
 
     name = "V4"

@@ -2,13 +2,13 @@
 // CUDA/HIP implementations next to their code (csrc/<family>/*_cpu.cpp, *_cuda.cu); the fake
 // (meta) implementations live in dsv4_ops/_fake.py.
 //
-// Conventions: plan tensors are uint8 [N, record_bytes] (SPEC 3.1); mutated arguments are
+// Conventions: plan tensors are uint8 [N, record_bytes] (docs/contract.md 3.1); mutated arguments are
 // annotated (a!) and the ops that mutate return nothing (destination passing), so no op
 // returns an alias of an input.
 #include <torch/library.h>
 
 TORCH_LIBRARY(dsv4, m) {
-  // ---- planners (SPEC 3.2, 3.3, 3.5) ------------------------------------------------------
+  // ---- planners (contract 3.2, 3.3, 3.5) ------------------------------------------------------
   // DecodePlan [B, 16] for SWA-paged (use_req_ring=False) or request-ring addressing.
   m.def(
       "plan_decode(Tensor req_pool_indices, Tensor req_to_token, Tensor full_to_state, "
@@ -37,7 +37,7 @@ TORCH_LIBRARY(dsv4, m) {
       "plan_online_prefill(Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens, "
       "int num_q_tokens, int state_slot_offset) -> (Tensor, Tensor, Tensor)");
 
-  // ---- compress_forward (SPEC 3.4, 3.5) ---------------------------------------------------
+  // ---- compress_forward (contract 3.4, 3.5) ---------------------------------------------------
   // Decode when plan_w is None (plan = DecodePlan), prefill otherwise (plan = plan_c).
   // Writes out [N, head_dim] and the state rows the plans address.
   m.def(
@@ -45,7 +45,7 @@ TORCH_LIBRARY(dsv4, m) {
       "Tensor plan, Tensor? plan_w, Tensor(b!) out, int head_dim, int compress_ratio, "
       "bool is_online) -> ()");
 
-  // ---- compress_norm_rope_store (SPEC 4) --------------------------------------------------
+  // ---- compress_norm_rope_store (contract 4) --------------------------------------------------
   // RMSNorm + RoPE (+ Hadamard for the indexer) + quantised scatter into the paged cache.
   // store_format: "fp8_ds_mla" | "bf16" | "fp8_indexer" | "fp4_indexer".
   m.def(

@@ -1,4 +1,4 @@
-"""The reference engine's compressor API (SPEC 5), so that engine code runs on dsv4_ops by
+"""The reference engine's compressor API (docs/contract.md 5), so that engine code runs on dsv4_ops by
 changing one import: compress_forward and compress_norm_rope_store taking plan objects."""
 import math
 from typing import Optional, Union

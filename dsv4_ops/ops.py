@@ -19,7 +19,7 @@ _ops = torch.ops.dsv4
 def plan_decode(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
                 full_to_state: torch.Tensor, seq_lens: torch.Tensor, compress_ratio: int,
                 swa_page_size: int, ring_size: int, use_req_ring: bool = False) -> torch.Tensor:
-    """DecodePlan [B, 16] uint8 (SPEC 3.2), SWA-paged or request-ring slots.
+    """DecodePlan [B, 16] uint8 (docs/contract.md 3.2), SWA-paged or request-ring slots.
 
     Preconditions (SWA-paged, checked in debug mode): SWA pages are allocated page-aligned,
     full_to_state[req_to_token[rid, pos]] % swa_page_size == pos % swa_page_size, and the
@@ -48,7 +48,7 @@ def plan_decode_legacy(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
 
 def plan_online_decode(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                        state_slot_offset: int = 0) -> torch.Tensor:
-    """DecodePlan [B, 16] uint8 for the online cr=128 running state (SPEC 3.5)."""
+    """DecodePlan [B, 16] uint8 for the online cr=128 running state (contract 3.5)."""
     return _ops.plan_online_decode(req_pool_indices, seq_lens, state_slot_offset)
 
 
@@ -57,7 +57,7 @@ def plan_prefill(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                  full_to_state: torch.Tensor, compress_ratio: int, swa_page_size: int,
                  ring_size: int, num_q_tokens: int, use_req_ring: bool = False
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(plan_c [num_q_tokens, 16], plan_w [num_q_tokens, 8], counts int32 [2]) (SPEC 3.3).
+    """(plan_c [num_q_tokens, 16], plan_w [num_q_tokens, 8], counts int32 [2]) (contract 3.3).
     Valid records first, then invalid ones; counts (on seq_lens' device) = valid rows.
 
     Preconditions: as plan_decode (SWA pages page-aligned, checked in debug mode)."""
@@ -83,7 +83,7 @@ def plan_online_prefill(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                         extend_lens: torch.Tensor, num_q_tokens: int,
                         state_slot_offset: int = 0
                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Online prefill planner (SPEC 3.5): plan_c and plan_w are both CompressPlan rows."""
+    """Online prefill planner (contract 3.5): plan_c and plan_w are both CompressPlan rows."""
     return _ops.plan_online_prefill(req_pool_indices, seq_lens, extend_lens, num_q_tokens,
                                     state_slot_offset)
 

@@ -1,4 +1,4 @@
-"""Plan classes with the reference engine's API (SPEC 5): named tuples of
+"""Plan classes with the reference engine's API (docs/contract.md 5): named tuples of
 (compress_ratio, plan tensors...) built by the planner ops. One planning step per batch
 serves every layer."""
 from typing import NamedTuple, Optional
@@ -7,7 +7,7 @@ import torch
 
 from . import ops
 
-_INVALID_COMPRESS_RECORD = (-1, 0, -1, -1)  # as int32 words (SPEC 3.1)
+_INVALID_COMPRESS_RECORD = (-1, 0, -1, -1)  # as int32 words (contract 3.1)
 _INVALID_WRITE_RECORD = (-1, -1)
 
 
@@ -102,7 +102,7 @@ class CompressorDecodePlan(NamedTuple):
 
 def _trim(plan_c, plan_w, counts, use_cuda_graph):
     """Trim padded plans to their valid rows when that count is on the host: host lengths,
-    no CUDA-graph capture requested and not tracing (SPEC 3.3)."""
+    no CUDA-graph capture requested and not tracing (contract 3.3)."""
     if use_cuda_graph or not counts.is_cpu or torch.compiler.is_compiling():
         return plan_c, plan_w
     n_c, n_w = counts.tolist()

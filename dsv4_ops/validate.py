@@ -1,6 +1,6 @@
 """Plan validation: catches plan records that point outside the buffers they are used with,
 records of another kind or compress ratio than the call says, and page tables that break the
-SWA-paged addressing (SPEC 2.1).
+SWA-paged addressing (docs/contract.md 2.1).
 
 The kernels themselves never read or write out of bounds (they skip such records); this
 helper turns those silent skips into errors that name the record, for debugging an engine's
@@ -47,7 +47,7 @@ def _check_range(op, name, values, lo, hi, rows, active):
 
 
 def _check_decode_form(op: str, d: torch.Tensor, cr: int, online: Optional[bool]) -> None:
-    """DecodePlan records as the planners write them (SPEC 3.2, 3.5): {0, -1, -1, -1} for an
+    """DecodePlan records as the planners write them (contract 3.2, 3.5): {0, -1, -1, -1} for an
     entry without a token; offline read_page_1 = write_loc / compress_ratio; online
     read_page_0 = write_loc and read_page_1 = -1 (online None: either form). A record of a
     prefill plan, or of a plan for another compress ratio, fails this."""
@@ -65,7 +65,7 @@ def _check_decode_form(op: str, d: torch.Tensor, cr: int, online: Optional[bool]
 
 def _check_prefill_form(op: str, c: torch.Tensor, cr: int, online: Optional[bool],
                         closing: bool = True) -> None:
-    """Valid CompressPlan records (SPEC 3.1, 3.3, 3.5): seq_len a positive multiple of
+    """Valid CompressPlan records (contract 3.1, 3.3, 3.5): seq_len a positive multiple of
     compress_ratio (an online plan_w segment, closing=False: not a multiple of 128),
     buffer_len < the window (offline) or in [1, 128] (online segments). A record of a decode
     plan, or of a plan for another compress ratio, fails this."""
@@ -170,7 +170,7 @@ def validate_store(plan, out_loc: torch.Tensor, kvcache: torch.Tensor, page_size
 def validate_swa_tables(op: str, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                         extend_lens: Optional[torch.Tensor], req_to_token: torch.Tensor,
                         full_to_state: torch.Tensor, swa_page_size: int, window: int) -> None:
-    """The SWA-paged slot formula (SPEC 2.1), slot = (swa // sps) * ring + swa % ring, keeps a
+    """The SWA-paged slot formula (contract 2.1), slot = (swa // sps) * ring + swa % ring, keeps a
     window's rows only if SWA pages are allocated page-aligned: for every live position pos of
     request row rid, swa = full_to_state[req_to_token[rid, pos]] has swa % sps == pos % sps,
     and the positions of one sps-aligned block map into one SWA page. Checked over the

@@ -1,6 +1,6 @@
-"""compress_forward (SPEC 3.4, 3.5) against a float64 oracle.
+"""compress_forward (docs/contract.md 3.4, 3.5) against a float64 oracle.
 
-Plans are built here by a small independent Python planner that follows the SPEC rules
+Plans are built here by a small independent Python planner that follows the contract's rules
 (3.1-3.3, 3.5) with request-ring addressing whose pages are scattered by a random permutation
 (as SWA paging scatters them), so these tests do not depend on the planner ops. Sequences are
 fed the way an engine feeds them (prefill from scratch, unaligned extends, decode steps); every
@@ -17,7 +17,7 @@ from dsv4_ops import kv_score_row_width, window_size
 from dsv4_ops.testing import reference
 
 # ---------------------------------------------------------------------------------------------
-# the float64 oracle (SPEC 1.2 / 3.5): dsv4_ops.testing.reference, whole sequences, no plans
+# the float64 oracle (contract 1.2 / 3.5): dsv4_ops.testing.reference, whole sequences, no plans
 # ---------------------------------------------------------------------------------------------
 OP = torch.ops.dsv4.compress_forward
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -43,7 +43,7 @@ def pool64(kv, score, ape, present):
 
 
 # ---------------------------------------------------------------------------------------------
-# plan records (SPEC 3.1), packed with struct so the layout is checked independently
+# plan records (contract 3.1), packed with struct so the layout is checked independently
 # ---------------------------------------------------------------------------------------------
 INVALID_C = (0xFFFFFFFF, 0, 0, -1, -1)
 INVALID_W = (0xFFFFFFFF, -1)
@@ -86,7 +86,7 @@ class Addr:
 
 
 def plan_decode(addr, cr, reqs):
-    """SPEC 3.2; reqs: (rid, seq_len)."""
+    """contract 3.2; reqs: (rid, seq_len)."""
     recs = []
     for rid, s in reqs:
         p1 = s - 1
@@ -97,7 +97,7 @@ def plan_decode(addr, cr, reqs):
 
 
 def plan_prefill(addr, cr, reqs):
-    """SPEC 3.3 (request ring: no band rule); reqs: (rid, seq_len, extend_len).
+    """contract 3.3 (request ring: no band rule); reqs: (rid, seq_len, extend_len).
     Returns (compress records, their rids, write records)."""
     win = window_size(cr)
     pad = addr.ring - win + 2 if addr.ring > win else 0
@@ -124,7 +124,7 @@ def plan_prefill(addr, cr, reqs):
 
 
 def plan_online_prefill(reqs, off):
-    """SPEC 3.5; reqs: (rid, seq_len, extend_len). Returns (plan_c recs, their rids, plan_w recs,
+    """contract 3.5; reqs: (rid, seq_len, extend_len). Returns (plan_c recs, their rids, plan_w recs,
     their rids)."""
     C, crids, W, wrids = [], [], [], []
     base = 0
@@ -694,7 +694,7 @@ def test_empty_plans(device):
 # ---------------------------------------------------------------------------------------------
 def online_step64(prev, kv, sc, ape_rows):
     """float64 running state (m, S, K) of tokens kv/sc [n, hd] (ape rows by chunk offset),
-    merged after the stored state `prev` = (m, S, K) when given (SPEC 3.5)."""
+    merged after the stored state `prev` = (m, S, K) when given (contract 3.5)."""
     z = sc.double() + ape_rows.double()
     m2 = z.max(0).values
     e = torch.exp(z - m2)
@@ -766,7 +766,7 @@ class OnlineSim:
                 assert_bits_equal(got[:hd].view(1, -1), lm.float().view(1, -1), f"online M slot {slot}")
                 assert_rows_close(got[hd:2 * hd], lS, F32, f"online S slot {slot}")
                 assert_rows_close(got[2 * hd:], lK, F32, f"online K slot {slot}", 1e-5, 1e-5)
-                # SPEC 4 conformance against the whole sequence: M exact, S and K within 1e-4
+                # contract 4 conformance against the whole sequence: M exact, S and K within 1e-4
                 m, S, K = ref_online_state(self.X[rid][:L].to(self.idt).float(), self.ape, hd)
                 assert_bits_equal(got[:hd].view(1, -1), m.float().view(1, -1), f"online M slot {slot} (seq)")
                 assert_rows_close(got[hd:2 * hd], S, F32, f"online S slot {slot} (seq)", 1e-4, 1e-4)
@@ -960,7 +960,7 @@ def test_unaligned_views_rejected_on_gpu(device):
 
 
 # ---------------------------------------------------------------------------------------------
-# non-finite inputs (SPEC 1.2: the float64 softmax): NaN propagates, as the canonical NaN
+# non-finite inputs (contract 1.2: the float64 softmax): NaN propagates, as the canonical NaN
 # ---------------------------------------------------------------------------------------------
 CANONICAL_NAN = {F32: 0x7FC00000, BF16: 0x7FC0}
 NAN_SCORE, NAN_APE, NAN_KV, POS_INF, NEG_INF = (slice(8 * i, 8 * i + 8) for i in range(5))

@@ -1,5 +1,5 @@
 """The layout and allocation helpers (dsv4_ops.layout) against the numbers of the contract's
-tables (SPEC 1.1, 2, 2.1, 4), written out here, and a store through compress_norm_rope_store
+tables (docs/contract.md 1.1, 2, 2.1, 4), written out here, and a store through compress_norm_rope_store
 into a cache of the helper's size that writes exactly where the oracle writes."""
 import pytest
 import torch
@@ -11,19 +11,19 @@ from dsv4_ops.testing import reference, worlds
 
 def test_window_and_row_widths():
     assert dsv4_ops.window_size(4) == 8 and dsv4_ops.window_size(128) == 128
-    # SPEC 1.1: cr 4 rows kv_ovl|kv|score_ovl|score, cr 128 rows kv|score
+    # contract 1.1: cr 4 rows kv_ovl|kv|score_ovl|score, cr 128 rows kv|score
     assert dsv4_ops.kv_score_row_width(4, 512) == 2048
     assert dsv4_ops.kv_score_row_width(4, 128) == 512
     assert dsv4_ops.kv_score_row_width(128, 512) == 1024
     assert dsv4_ops.kv_score_row_width(128, 128) == 256
-    # SPEC 2: state rows are raw kv_score rows; the online state is max|sum|kv
+    # contract 2: state rows are raw kv_score rows; the online state is max|sum|kv
     assert dsv4_ops.state_row_width(4, 512) == 2048
     assert dsv4_ops.state_row_width(128, 128) == 256
     assert dsv4_ops.state_row_width(128, 512, is_online=True) == 1536
 
 
 def test_store_formats_and_page_bytes():
-    # SPEC 4 table: (head_dim, data bytes per token, scale bytes written, scale stride)
+    # contract 4 table: (head_dim, data bytes per token, scale bytes written, scale stride)
     assert dict(dsv4_ops.STORE_FORMATS) == {
         "fp8_ds_mla": (512, 576, 7, 8), "bf16": (512, 1024, 0, 0),
         "fp8_indexer": (128, 128, 4, 4), "fp4_indexer": (128, 64, 4, 4)}
@@ -50,7 +50,7 @@ def test_store_format_of_reads_the_table():
 
 
 def _max_slot_plus_one(addressing, cr, ring, n, sps=64, n_swa=0, offset=0):
-    """1 + the largest slot of SPEC 2.1 over every request row < n / SWA location."""
+    """1 + the largest slot of contract 2.1 over every request row < n / SWA location."""
     if addressing == "swa_paged":
         return 1 + max((swa // sps) * ring + swa % ring for swa in range(n_swa * sps))
     if addressing == "req_ring":
@@ -139,7 +139,7 @@ def test_store_writes_exactly_inside_a_cache_of_the_helpers_size(device, fmt):
     """Every slot of a 3-page cache written once, through a prefill of one request: the op
     writes exactly the bytes the oracle writes (the bytes that come out the same from a 0x00
     and a 0xFF cache), none past the last page, and agrees with the oracle's values on nearly
-    all of them (SPEC 4's slack)."""
+    all of them (contract 4's slack)."""
     hd = dsv4_ops.STORE_FORMATS[fmt].head_dim
     comp = Compressor(4, hd, fmt)
     ps, pages = 16, 3

@@ -115,7 +115,7 @@ def test_cmake_library_loads_and_runs(cmake_library):
         rid = torch.tensor([3, 0, 5])
         seq = torch.tensor([9, 4, 130])
         plan = torch.ops.dsv4.plan_decode_legacy(rid, seq, 4).view(torch.int32)
-        # legacy cr=4 slots: rid * 8 + pos % 8 (SPEC 2.1)
+        # legacy cr=4 slots: rid * 8 + pos % 8 (docs/contract.md 2.1)
         p1 = seq - 1
         p0 = (p1 - 4).clamp(min=0)
         wl = rid * 8 + p1 % 8

@@ -1,7 +1,7 @@
-"""Planner ops (SPEC 2.1, 3.1-3.3, 3.5) against an independent plain-Python oracle.
+"""Planner ops (docs/contract.md 2.1, 3.1-3.3, 3.5) against an independent plain-Python oracle.
 
 The oracle below walks requests and positions one by one and writes the expected int32 words
-of every record straight from the SPEC rules; every planner (CPU, CUDA with host lengths, CUDA
+of every record straight from the contract's rules; every planner (CPU, CUDA with host lengths, CUDA
 with device lengths) must match it byte for byte."""
 import random
 
@@ -28,7 +28,7 @@ class Tables:
         self.f2s = f2s.tolist() if f2s is not None else None
 
     def slot(self, rid, pos):
-        """SPEC 2.1; any lookup outside the tables (or a negative entry) is -1, and so is a slot
+        """contract 2.1; any lookup outside the tables (or a negative entry) is -1, and so is a slot
         that does not fit the plans' int32 fields."""
         s = self._slot(rid, pos)
         return s if s <= 2 ** 31 - 1 else -1
@@ -79,7 +79,7 @@ def oracle_decode(t: Tables, rids, seq_lens):
 
 
 def oracle_prefill(t: Tables, rids, seq_lens, extend_lens):
-    """Valid CompressPlan rows and WritePlan rows (SPEC 3.3) as int32 word lists."""
+    """Valid CompressPlan rows and WritePlan rows (contract 3.3) as int32 word lists."""
     cr = t.cr
     win = window_size(cr)
     legacy = t.mode == "legacy"
@@ -109,7 +109,7 @@ def oracle_prefill(t: Tables, rids, seq_lens, extend_lens):
 
 
 def oracle_online_prefill(t: Tables, rids, seq_lens, extend_lens):
-    """SPEC 3.5: 128-chunk segments of [prefix, seq_len); closing ones -> plan_c, the trailing
+    """contract 3.5: 128-chunk segments of [prefix, seq_len); closing ones -> plan_c, the trailing
     partial one -> plan_w."""
     comp, partial = [], []
     ragged0 = 0
@@ -314,7 +314,7 @@ def test_plan_prefill_small_swa_pages(device, ring):
 
 
 def test_prefill_hand_example(device):
-    """A small case written out by hand (SPEC 3.3): SWA-paged cr=4, sps=64, ring=8, identity
+    """A small case written out by hand (contract 3.3): SWA-paged cr=4, sps=64, ring=8, identity
     tables; request 0 at row 0 (sl=10, no prefix), request 1 at row 1 (sl=5, prefix 2)."""
     r2t = torch.arange(200, dtype=torch.int32).view(2, 100)
     f2s = torch.arange(200)
@@ -508,7 +508,7 @@ def test_plan_decode_legacy_matches_oracle(device, cr):
         assert_rows(plan, exp, f"plan_decode_legacy on {dev}")
         wrapped = dsv4_ops.CompressorDecodePlan.generate_legacy(cr, i64(rids, dev), i64(sls, dev))
         assert torch.equal(wrapped.plan_d, plan)
-    if cr == 4:  # first window (seq_len 4): both pages are the current page (SPEC 3.4)
+    if cr == 4:  # first window (seq_len 4): both pages are the current page (contract 3.4)
         plan = ops.plan_decode_legacy(i64([5], device), i64([4], device), 4)
         assert words(plan) == [[4, 5 * 8 + 3, 10, 10]]
 

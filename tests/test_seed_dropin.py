@@ -131,7 +131,7 @@ def test_seed_decode_and_online_planning_on_dsv4_ops(seed_module, device, cr):
     direct = dsv4_ops.CompressorDecodePlan.generate(cr, w.rid, w.req_to_token, w.full_to_state, seq, SPS, w.ring)
     assert plan.is_decode and plan.compress_ratio == cr
     assert torch.equal(plan.plan_d, direct.plan_d)
-    # SPEC 3.2 for the new token of each request, computed here from the tables.
+    # docs/contract.md 3.2 for the new token of each request, computed here from the tables.
     words = plan.plan_d.view(torch.int32).cpu()
     for b, n in enumerate(lens):
         kw = dict(compress_ratio=cr, ring_size=w.ring, swa_page_size=SPS,

@@ -1,9 +1,9 @@
-"""compress_norm_rope_store (SPEC 1.3 and 4) against an independent oracle.
+"""compress_norm_rope_store (docs/contract.md 1.3 and 4) against an independent oracle.
 
 The oracle lives in this file (an encoder independent of dsv4_ops.testing.reference): float64 RMSNorm / RoPE / Hadamard, then quantisation through
 torch's own conversions (torch.bfloat16, torch.float8_e4m3fn after clamping, torch.frexp for
-the UE8M0 ceiling, torch.bucketize for the e2m1 thresholds) and the byte layouts of the SPEC 4
-table, written from the table. Random cases are compared with the SPEC's conformance slack;
+the UE8M0 ceiling, torch.bucketize for the e2m1 thresholds) and the byte layouts of the contract 4
+table, written from the table. Random cases are compared with the contract's conformance slack;
 "crafted" cases make the normed+roped values exact in fp32 (x = +-2^m, eps = 0, norm_weight =
 the wanted values, identity rotation) so that the quantisers (numerics.h) are checked bit for
 bit: every e4m3 code, e4m3 ties, arbitrary fp32 inputs to e4m3, bf16 round-to-nearest-even on
@@ -19,7 +19,7 @@ import dsv4_ops
 from dsv4_ops import ops
 
 OP = "compress_norm_rope_store"
-# The SPEC 4 table's layout facts (dsv4_ops.STORE_FORMATS; tests/test_layout.py checks them
+# The contract 4 table's layout facts (dsv4_ops.STORE_FORMATS; tests/test_layout.py checks them
 # against the table). Scale bytes a store writes: fp8_ds_mla's byte 7 is unused and must stay
 # untouched.
 FORMATS = tuple(dsv4_ops.STORE_FORMATS)
@@ -58,7 +58,7 @@ def prefill_words(seq_lens, ragged_ids):
 
 
 def active_rows(words, is_decode, cr, out_loc, max_pos, num_pages, ps):
-    """SPEC 4: (row, loc, pos) of every row that stores a token."""
+    """contract 4: (row, loc, pos) of every row that stores a token."""
     rows = []
     n_loc = len(out_loc)
     for t, (seq, w1, _, _) in enumerate(words):
@@ -102,7 +102,7 @@ H128 = hadamard_matrix()
 
 
 def oracle_y(x, pos, w, eps, freqs):
-    """float64 SPEC 1.3 steps 1-3, returned as fp32 [n, hd]."""
+    """float64 contract 1.3 steps 1-3, returned as fp32 [n, hd]."""
     x = x.double()
     hd = x.shape[1]
     y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w.double()
@@ -140,7 +140,7 @@ def e2m1(v):
 
 
 def encode(y, fmt):
-    """Independent SPEC 4 encoder of fp32 values y [n, hd] -> dict of fields."""
+    """Independent contract 4 encoder of fp32 values y [n, hd] -> dict of fields."""
     n = y.shape[0]
     floor = torch.tensor(1e-4, dtype=F32)
     if fmt == "fp8_ds_mla":
@@ -208,7 +208,7 @@ def assert_steps(got, exp, ord_fn, what, max_frac=0.005):
 
 
 def compare_fields(fmt, got, exp, exact=False):
-    """SPEC 4 conformance (exact=True: every field bit-exact)."""
+    """contract 4 conformance (exact=True: every field bit-exact)."""
     if exact:
         for k in exp:
             g, e = got[k], exp[k]

@@ -1,4 +1,4 @@
-// compress_forward on the CPU (SPEC 3.4, 3.5): plain C++ over at::parallel_for, fp32 math,
+// compress_forward on the CPU (docs/contract.md 3.4, 3.5): plain C++ over at::parallel_for, fp32 math,
 // built from the same per-item math as the GPU kernels (include/dsv4/compress_math.h); only
 // the summation grouping is the CPU's own (below).
 #include <ATen/Parallel.h>
@@ -133,7 +133,7 @@ void offline_decode(const Ctx<TS, TI>& c) {
 }
 
 // The end of the records that are not part of a trailing run of invalid ones. A padded
-// (CUDA-graph or traced) plan ends in such a run (SPEC 3.3); the threads split the records
+// (CUDA-graph or traced) plan ends in such a run (contract 3.3); the threads split the records
 // before it, and its rows are zeros (static chunks over all num_q records left the valid
 // quarter of a cr 4 plan to a quarter of the threads).
 int64_t valid_end(const CompressPlan* plan, int64_t n) {
@@ -196,7 +196,7 @@ void store_online(const Ctx<TS, TI>& c, int64_t slot, int ch, const SoftmaxState
   store_from_f32(r, 2 * hd + ch, o.K);
 }
 
-// Online decode (SPEC 3.5): fold the token into the running state; q == 127 emits K'.
+// Online decode (contract 3.5): fold the token into the running state; q == 127 emits K'.
 template <typename TS, typename TI>
 void online_decode(const Ctx<TS, TI>& c) {
   const auto* plan = reinterpret_cast<const DecodePlan*>(c.p.plan);

@@ -50,7 +50,7 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
     if (cs.decode) {
       // One wave of resident blocks: the next kernel may launch as soon as the row copies are
       // out, its blocks take slots this grid leaves free. With more blocks they would take
-      // slots of this grid's later blocks, which measured slower (docs/performance_log.md).
+      // slots of this grid's later blocks, which measured slower (docs/design/c4_pooling.md).
       Params pd = p;
       pd.early_trigger = groups <= int64_t(DSV4_C4_MIN_BLOCKS) * env.sms ? 1 : 0;
       launch(k.c4_decode, groups, kC4Block, pd);

@@ -42,7 +42,7 @@ inline bool check_batch(const char* op, const at::Tensor& req_pool_indices,
   return host;
 }
 
-// Prefill limits (SPEC 3.3): ragged ids and batch indices fit 16 bits.
+// Prefill limits (docs/contract.md 3.3): ragged ids and batch indices fit 16 bits.
 inline void check_prefill_limits(const char* op, int64_t batch, int64_t num_q_tokens) {
   DSV4_CHECK(num_q_tokens >= 0 && num_q_tokens <= kMaxQueryTokens, op, "num_q_tokens",
              "must be in [0, ", kMaxQueryTokens, "] (ragged ids are 16-bit), got ",
@@ -80,7 +80,7 @@ inline void host_request_offsets(const char* op, const PlanParams& p, const at::
                         num_q_tokens, offs);
 }
 
-// SWA-paged / request-ring parameters (SPEC 2.1) for plan_decode / plan_prefill. The tables
+// SWA-paged / request-ring parameters (contract 2.1) for plan_decode / plan_prefill. The tables
 // must be on `dev` (the plan device); full_to_state is only checked where it is used
 // (SWA-paged addressing).
 inline PlanParams paged_params(const char* op, const at::Tensor& req_to_token,
@@ -96,7 +96,7 @@ inline PlanParams paged_params(const char* op, const at::Tensor& req_to_token,
   check_device(req_to_token, dev, op, "req_to_token");
   DSV4_CHECK(req_to_token.size(1) <= 1 || req_to_token.stride(1) == 1, op, "req_to_token",
              "must have unit column stride, got strides ", req_to_token.strides());
-  // A ring shorter than the window (8 rows for cr = 4, 128 for cr = 128, SPEC 1.2) overwrites
+  // A ring shorter than the window (8 rows for cr = 4, 128 for cr = 128, contract 1.2) overwrites
   // rows that the window still reads, whatever the addressing.
   const int64_t win = window_of(int(cr));
   DSV4_CHECK(ring >= win, op, "ring_size", "must be >= the window (", win, ") with ",

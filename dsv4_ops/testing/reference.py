@@ -20,7 +20,7 @@ SCALE_FLOOR = 1e-4
 FP4_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 # ---------------------------------------------------------------------------------------
-# Pooling (SPEC 1.2) and the online running state (SPEC 3.5)
+# Pooling (docs/contract.md 1.2) and the online running state (contract 3.5)
 # ---------------------------------------------------------------------------------------
 def compressed_tokens(kv_score: torch.Tensor, ape: torch.Tensor, compress_ratio: int,
                       head_dim: int) -> torch.Tensor:
@@ -62,7 +62,7 @@ def online_state(kv_score: torch.Tensor, ape: torch.Tensor, head_dim: int
 
 
 # ---------------------------------------------------------------------------------------
-# RMSNorm, RoPE, Hadamard (SPEC 1.3)
+# RMSNorm, RoPE, Hadamard (contract 1.3)
 # ---------------------------------------------------------------------------------------
 def freqs_real(freqs: torch.Tensor) -> torch.Tensor:
     """fp32 [max_pos, 64] (cos0, sin0, cos1, sin1, ...) from either that or complex [max_pos, 32]."""
@@ -103,7 +103,7 @@ def norm_rope(x: torch.Tensor, positions: torch.Tensor, norm_weight: torch.Tenso
 
 
 # ---------------------------------------------------------------------------------------
-# Quantised cache formats (SPEC 4)
+# Quantised cache formats (contract 4)
 # ---------------------------------------------------------------------------------------
 def ue8m0_ceil(v: torch.Tensor) -> torch.Tensor:
     """Biased exponent of the smallest power of two >= v (fp32, v > 0), as int32."""
@@ -181,7 +181,7 @@ def store(kvcache: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, locs
 
 
 # ---------------------------------------------------------------------------------------
-# State addressing (SPEC 2.1), for tests that inspect state buffers
+# State addressing (contract 2.1), for tests that inspect state buffers
 # ---------------------------------------------------------------------------------------
 def state_slot(addressing: str, rid: int, pos: int, *, compress_ratio: int, ring_size: int = 0,
                swa_page_size: int = 0, req_to_token=None, full_to_state=None,

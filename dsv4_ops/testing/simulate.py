@@ -8,7 +8,7 @@ both an end-to-end test harness and an example of how an engine drives the API:
   position to a location in the full KV pool, pages of ``page_size`` tokens scattered at random;
 * a sliding-window (SWA) pool: ``full_to_state`` (int64) maps full locations to SWA locations,
   pages of ``swa_page_size`` tokens allocated page-aligned (``pos % sps == swa % sps``);
-* one state buffer ("kv_score_buffer") per compressor (SPEC 2) and one compressed KV cache per
+* one state buffer ("kv_score_buffer") per compressor (docs/contract.md 2) and one compressed KV cache per
   compressor (uint8 ``[pages, page_bytes]``, cache page ``i`` holding the compressed tokens of
   full page ``i``: ``out_loc = full_loc // cr``, cache page size ``page_size // cr``);
 * requests that carry their whole kv_score history (random rows per token and compressor, as
@@ -25,7 +25,7 @@ whole-sequence oracle ``dsv4_ops.testing.reference``:
 * every compressed token of the step against ``reference.compressed_tokens`` of the request's
   history (rows that close no window must be zeros);
 * every byte of the compressed cache: the windows closed in the step against a shadow written by
-  ``reference.store`` (with SPEC 4's conformance slack), every other byte untouched;
+  ``reference.store`` (with contract 4's conformance slack), every other byte untouched;
 * every state-buffer row: rows the step persists hold the input row (offline) or the running
   state of ``reference.online_state`` (online cr = 128); all other rows untouched.
 
@@ -170,7 +170,7 @@ class CompressorReport:
     max_abs_err: float = 0.0       # vs reference.compressed_tokens
     cache_bytes_checked: int = 0   # bytes of the windows written (the rest is checked untouched)
     state_rows_checked: int = 0    # state rows the step persisted
-    code_slack: int = 0            # quantised codes one step away from the shadow (SPEC 4 slack)
+    code_slack: int = 0            # quantised codes one step away from the shadow (contract 4 slack)
 
 
 @dataclass
@@ -220,10 +220,10 @@ class _Compressor:
             if sim.swa_page_size % self.ring:
                 raise ValueError(f"{cfg.name}: swa_page_size {sim.swa_page_size} must be a "
                                  f"multiple of ring_size {self.ring}")
-        # pad: rows past the last closed window that a prefill keeps for draft tokens (SPEC 3.3)
+        # pad: rows past the last closed window that a prefill keeps for draft tokens (contract 3.3)
         ring_planner = cfg.addressing in ("swa_paged", "req_ring")
         self.pad = self.ring - cfg.window + 2 if ring_planner and self.ring > cfg.window else 0
-        # The flat state buffer and the view the ops take (SPEC 2). It starts as NaN: a kernel
+        # The flat state buffer and the view the ops take (contract 2). It starts as NaN: a kernel
         # that reads a row nobody wrote (e.g. the absent rows of the first cr = 4 window,
         # whatever page the record names) poisons its output.
         self.state = worlds.fill_state(
@@ -246,7 +246,7 @@ class _Compressor:
         self.plan_key = (cr, cfg.addressing, self.ring)
 
     def slot(self, sim: "ServingSimulator", rid: int, pos: int) -> int:
-        """State slot of (request row, position) by SPEC 2.1 (the reference's helper)."""
+        """State slot of (request row, position) by contract 2.1 (the reference's helper)."""
         return reference.state_slot(
             self.cfg.addressing, rid, pos, compress_ratio=self.cfg.compress_ratio,
             ring_size=self.ring, swa_page_size=sim.swa_page_size,
@@ -627,7 +627,7 @@ class ServingSimulator:
         for cr in {c.cfg.compress_ratio for c in self.compressors}:
             # Padding rows get loc 0, a real cache slot: a kernel must never use them.
             run.out_loc[cr] = self._out_loc(cr, locs, 0, pad)
-            # Valid plan_c records come batch-major, position-ascending (SPEC 3.3; online:
+            # Valid plan_c records come batch-major, position-ascending (contract 3.3; online:
             # one per closed chunk, same order), so the k-th closing token is output row k.
             closing = [(ragged, r, pos) for ragged, (r, pos) in enumerate(run.token_of_row)
                        if (pos + 1) % cr == 0]
@@ -727,7 +727,7 @@ def _allowed_error(cfg: CompressorConfig, req: Request, k: int, ape: torch.Tenso
 
 
 def _window(cfg: CompressorConfig, req: Request, k: int, ape: torch.Tensor):
-    """(kv, score, ape) rows [rows, hd] float64 of the window of compressed token k (SPEC 1.2;
+    """(kv, score, ape) rows [rows, hd] float64 of the window of compressed token k (contract 1.2;
     the absent rows of the first cr = 4 window are left out)."""
     hd, cr = cfg.head_dim, cfg.compress_ratio
     a = ape.to(torch.float64).reshape(cfg.window, hd)
@@ -870,7 +870,7 @@ def _compare_bf16(got: torch.Tensor, want: torch.Tensor, what: str, slack: Optio
 
 
 def _slack(n_codes: int) -> int:
-    """SPEC 4: at most 0.5 % of the codes may be one step off (rounded up)."""
+    """contract 4: at most 0.5 % of the codes may be one step off (rounded up)."""
     return math.ceil(0.005 * n_codes)
 
 
@@ -960,7 +960,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _expected_state_writes(sim: ServingSimulator, comp: _Compressor, run: _StepInputs):
     """{slot: input row} (offline) or {slot: (request-like, seq_len, input row)} (online) the
-    step must persist, from the SPEC rules (independent of the plan)."""
+    step must persist, from the contract's rules (independent of the plan)."""
     cfg = comp.cfg
     cr = cfg.compress_ratio
     writes = {}
@@ -1019,8 +1019,8 @@ def _check_state(sim: ServingSimulator, comp: _Compressor, run: _StepInputs,
             fails.append(f"{name}: slot {int(slots[i])} should hold the row of {req.name} "
                          f"position {pos}")
         return fails
-    # Online: the running (max, sum, normalised kv) of the open chunk, per SPEC 3.5. fp32:
-    # max to fp32 rounding, sum and kv within SPEC 4's 1e-4; bf16: max to one rounding, sum
+    # Online: the running (max, sum, normalised kv) of the open chunk, per contract 3.5. fp32:
+    # max to fp32 rounding, sum and kv within contract 4's 1e-4; bf16: max to one rounding, sum
     # and kv loosely (see _allowed_error).
     hd = cfg.head_dim
     fp32 = cfg.state_dtype == torch.float32

@@ -1,4 +1,4 @@
-// compress_forward math shared by the CPU kernel and the GPU kernels (SPEC 1.2, 3.1, 3.4, 3.5).
+// compress_forward math shared by the CPU kernel and the GPU kernels (docs/contract.md 1.2, 3.1, 3.4, 3.5).
 //
 // Torch-free. Everything that decides WHAT is computed lives here: which state slot or input
 // row feeds window row r, which rows are absent, the chunked safe-softmax fold, the merge of
@@ -8,8 +8,8 @@
 // states (and uses the hardware exponential), so the backends agree to fp32 rounding, not
 // bit for bit.
 //
-// Decisions where the SPEC is silent (also in the family's report):
-//  * Rows at negative positions (s - win + r < 0) are absent for both ratios (SPEC states it
+// Decisions where the contract is silent (also in the family's report):
+//  * Rows at negative positions (s - win + r < 0) are absent for both ratios (the contract states it
 //    for cr = 4; for cr = 128 it only matters for malformed records with s < 128).
 //  * Decode seq_len == 0 closes no window (out = 0); offline decode still copies the row.
 //    Online decode with seq_len == 0 carries no token: out = 0 and no state is written.
@@ -19,7 +19,7 @@
 //    its input row, rounded as the copy stores it. Batch entries that address each other's
 //    slots race (the planners never emit them).
 //  * Online prefill merges with the stored state at read_page_1 if >= 0, else read_page_0,
-//    literally as SPEC 3.5 says (online records carry read_page_1 = rid, the committed
+//    literally as contract 3.5 says (online records carry read_page_1 = rid, the committed
 //    bank; read_page_0 = rid + state_slot_offset is where the trailing segment is stored).
 //    The stored state goes first in the merge. A segment longer than its 128-chunk is
 //    clipped to the chunk and merges nothing. Online decode reads read_page_0 and stores at
@@ -28,14 +28,14 @@
 //    to the fp32 M), so each stored value is within one bf16 ulp of the exact state.
 //  * Every slot / page / ragged row outside its buffer, or negative, is an absent row on
 //    read and a skipped write; a window with no present row pools to 0.
-//  * Non-finite values (SPEC 1.2 is the float64 softmax): a NaN in a score, an ape entry or a
+//  * Non-finite values (contract 1.2 is the float64 softmax): a NaN in a score, an ape entry or a
 //    kv value of a present row pools to NaN, as does a +inf logit (inf - inf); -inf logits
 //    weigh 0, and a channel whose present logits are all -inf pools to 0 (softmax gives NaN
 //    there). Every NaN written is the canonical one (canonical_nan), so the backends agree
 //    bit for bit on it. An absent row of a window that has a present row is kv 0 with score
 //    kAbsentScore, and its logit kAbsentScore + ape (the GPU folds every row slot of a thread
 //    without a per-row select, and the CPU does the same): a NaN or +inf ape entry therefore
-//    also poisons the windows where its row is absent (the first cr = 4 window, as the SPEC's
+//    also poisons the windows where its row is absent (the first cr = 4 window, as the contract's
 //    score -FLT_MAX + ape; the rows of a chunk outside an online segment).
 #pragma once
 
@@ -109,7 +109,7 @@ DSV4_HD int64_t state_row_elems(int cr, int hd, bool online) {
   return online ? 3 * int64_t(hd) : input_row_elems(cr, hd);
 }
 
-// Offsets (elements) of window row r's kv and score inside a kv_score row (SPEC 1.1):
+// Offsets (elements) of window row r's kv and score inside a kv_score row (contract 1.1):
 // cr = 4 rows 0..3 use kv_ovl (q0) / score_ovl (q2), rows 4..7 kv (q1) / score (q3);
 // cr = 128 rows use kv (h0) / score (h1).
 DSV4_HD int64_t kv_offset(int cr, int hd, int r) { return cr == 4 ? (r < 4 ? 0 : hd) : 0; }
@@ -215,7 +215,7 @@ DSV4_HD RowSource row_source(const WindowRows& w, int cr, int r) {
   return RowSource{kAbsent, -1};
 }
 
-// Offline prefill record (SPEC 3.1 / 3.4). Window row r is position seq_len - win + r; rows at
+// Offline prefill record (contract 3.1 / 3.4). Window row r is position seq_len - win + r; rows at
 // negative positions (cr = 4, seq_len == 4: rows 0..3) are absent whatever the source rule
 // selects. Invalid records pool nothing (zeros).
 DSV4_HD WindowDesc offline_prefill_window(const CompressPlan& p, int cr) {
@@ -251,7 +251,7 @@ DSV4_HD WindowDesc offline_decode_window(const DecodePlan& p, int cr) {
   return d;
 }
 
-// Online segment record (SPEC 3.5): seq_len = e (segment end), buffer_len = segment length n,
+// Online segment record (contract 3.5): seq_len = e (segment end), buffer_len = segment length n,
 // ragged_id = ragged row of position e-1. Window row r = chunk offset r; the segment occupies
 // offsets [q_end-n+1, q_end] with q_end = (e-1) % 128 and ragged rows ragged_id-q_end+r.
 // A segment longer than its chunk is clipped to the chunk.
@@ -291,7 +291,7 @@ DSV4_HD int32_t online_decode_q(const DecodePlan& p) { return int32_t((p.seq_len
 
 // e^x. Device code uses the hardware approximation (CUDA: ex2.approx.ftz of x * log2(e),
 // within 2 ulp plus the rounding of x * log2(e); the pooled values stay well inside the 1e-5
-// relative tolerance of SPEC 4). Flushing results below 2^-126 to zero is harmless here: every
+// relative tolerance of contract 4). Flushing results below 2^-126 to zero is harmless here: every
 // exponential is a weight relative to a maximum whose own weight is 1, so a weight under
 // 1e-38 cannot move an fp32 sum, and it saves the subnormal fix-up that __expf spends 3 more
 // instructions on (a third of the pooling kernels' arithmetic). The CPU keeps expf.
@@ -360,7 +360,7 @@ DSV4_HD SoftmaxState softmax_of(const float (&z)[U], const float (&kv)[U]) {
   return SoftmaxState{m, s, a};
 }
 
-// x <- merge(x, y) (SPEC 3.5 merge of two partial states, unnormalised form).
+// x <- merge(x, y) (contract 3.5 merge of two partial states, unnormalised form).
 DSV4_HD void softmax_merge(SoftmaxState& x, const SoftmaxState& y) {
   const float M = fmaxf(x.m, y.m);
   const float sx = fexp(x.m - M), sy = fexp(y.m - M);

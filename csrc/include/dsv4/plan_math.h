@@ -1,4 +1,4 @@
-// Planner math (SPEC 2.1, 3.1-3.3, 3.5), shared by the CPU planner (g++) and the GPU planner
+// Planner math (docs/contract.md 2.1, 3.1-3.3, 3.5), shared by the CPU planner (g++) and the GPU planner
 // (nvcc / hipcc) so that both write byte-identical plans by construction.
 //
 // Structure of a prefill plan build, identical on every backend:
@@ -11,7 +11,7 @@
 //      known in closed form (compresses_before / writes_before), then row t of each plan is
 //      overwritten with the invalid record iff t is past that plan's valid count.
 // Every output row is therefore written exactly once and the order of the records is the
-// SPEC order (batch-major, position-ascending) whatever the scheduling.
+// contract order (batch-major, position-ascending) whatever the scheduling.
 //
 // No torch includes; every function here is usable from host and device code.
 #pragma once
@@ -45,8 +45,8 @@ inline Divisor make_divisor(int64_t d) {
   return v;
 }
 
-// Everything a planner needs besides the per-request lengths: slot addressing (SPEC 2.1) and
-// the prefill write rule (SPEC 3.3). Plain data, passed by value to the GPU kernels.
+// Everything a planner needs besides the per-request lengths: slot addressing (contract 2.1) and
+// the prefill write rule (contract 3.3). Plain data, passed by value to the GPU kernels.
 struct PlanParams {
   Addressing addressing;
   int32_t cr;   // compress ratio, 4 or 128
@@ -70,7 +70,7 @@ struct PlanParams {
   int64_t pad;      // first_w = min(last_c - (cr == 4 ? 4 : 0), sl - pad)
   bool band;        // SWA-paged cr = 4: the last 4 positions of every SWA page are kept
   bool real_pages;  // legacy: pages are real even when buffer_len == 0
-  bool online;      // online cr = 128 segments (SPEC 3.5)
+  bool online;      // online cr = 128 segments (contract 3.5)
 };
 
 inline void set_divisors(PlanParams& p, int64_t ring, int64_t sps) {
@@ -99,7 +99,7 @@ inline PlanParams plan_params_base(Addressing a, int32_t cr) {
 }
 
 // SWA-paged (use_req_ring = false, cr = 4) or request-ring (cr = 128, or use_req_ring)
-// addressing. The caller has checked sps / ring (SPEC 2.1) and that the tables are valid.
+// addressing. The caller has checked sps / ring (contract 2.1) and that the tables are valid.
 inline PlanParams paged_plan_params(int32_t cr, bool req_ring, int64_t sps, int64_t ring,
                                     const int32_t* req_to_token, int64_t rt_rows,
                                     int64_t rt_stride, int64_t max_ctx,
@@ -182,7 +182,7 @@ DSV4_HD bool swa_tables(const PlanParams& p) {
   return p.rt_rows > 0 && p.max_ctx > 0 && p.f2s_size > 0;
 }
 
-// State slot of (request row rid, position pos) (SPEC 2.1), or -1 when any lookup is out of
+// State slot of (request row rid, position pos) (contract 2.1), or -1 when any lookup is out of
 // range (never reads outside req_to_token / full_to_state) or the result does not fit int32.
 DSV4_HD int32_t slot_of(const PlanParams& p, int64_t rid, int64_t pos) {
   if (rid < 0 || rid > kMaxInt32) return -1;
@@ -241,7 +241,7 @@ DSV4_HD int32_t page_of(const PlanParams& p, int32_t slot) {
   return slot < 0 ? -1 : slot >> p.cr_shift;
 }
 
-// ---- decode (SPEC 3.2, 3.5) ------------------------------------------------------------------
+// ---- decode (contract 3.2, 3.5) ------------------------------------------------------------------
 
 // A seq_len outside [1, 2^31) has no new token: {0, -1, -1, -1}. Such an entry still looks up
 // position 0 (at in-range indices), so that no branch stands between the loads of the lengths
@@ -261,7 +261,7 @@ DSV4_HD DecodePlan decode_record(const PlanParams& p, int64_t rid, int64_t seq_l
   return live ? r : DecodePlan{0u, -1, -1, -1};
 }
 
-// ---- prefill: per-request closed forms (SPEC 3.3, 3.5) -----------------------------------------
+// ---- prefill: per-request closed forms (contract 3.3, 3.5) -----------------------------------------
 
 // Lengths a planner works with: 0 <= sl < 2^31 and 0 <= el <= sl (device lengths are clamped
 // to this; host lengths are validated to satisfy it).
@@ -275,7 +275,7 @@ DSV4_HD int64_t compresses_before(const PlanParams& p, int64_t prefix, int64_t p
   return (pos >> p.cr_shift) - (prefix >> p.cr_shift);
 }
 
-// first_w of SPEC 3.3 (may be negative).
+// first_w of contract 3.3 (may be negative).
 DSV4_HD int64_t first_write(const PlanParams& p, int64_t sl) {
   const int64_t last_c = (sl >> p.cr_shift) << p.cr_shift;
   return min64(last_c - (p.cr == 4 ? 4 : 0), sl - p.pad);
@@ -362,7 +362,7 @@ DSV4_HD int32_t find_request(const ReqOffsets* offs, int32_t B, int64_t t) {
 // ---- prefill: per-token records ----------------------------------------------------------------
 
 // Offline compress record of the token at pos (j-th of its extend, ragged row `ragged`) of
-// batch entry b (SPEC 3.1, 3.3).
+// batch entry b (contract 3.1, 3.3).
 DSV4_HD CompressPlan offline_compress_record(const PlanParams& p, int64_t b, int64_t rid,
                                              int64_t pos, int64_t j, int64_t ragged) {
   const int64_t buffer_len = p.win - min64(j + 1, p.win);
@@ -383,7 +383,7 @@ DSV4_HD CompressPlan offline_compress_record(const PlanParams& p, int64_t b, int
 }
 
 // Online segment record: segment [a, e) of request row rid, closing token at ragged row
-// `ragged` (SPEC 3.5).
+// `ragged` (contract 3.5).
 DSV4_HD CompressPlan online_segment_record(const PlanParams& p, int64_t rid, int64_t a,
                                            int64_t e, int64_t ragged) {
   CompressPlan r;

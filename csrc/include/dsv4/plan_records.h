@@ -1,4 +1,4 @@
-// Plan records (SPEC section 3.1): packed, little-endian, fixed-size structs that the
+// Plan records (docs/contract.md 3.1): packed, little-endian, fixed-size structs that the
 // planners write and every kernel reads. Plan tensors are uint8 [N, sizeof(record)].
 #pragma once
 
@@ -41,14 +41,14 @@ DSV4_HD WritePlan invalid_write_plan() { return WritePlan{kInvalidRaggedId, -1};
 DSV4_HD bool is_valid(const CompressPlan& p) { return p.seq_len != kInvalidSeqLen; }
 DSV4_HD bool is_valid(const WritePlan& p) { return p.ragged_id != kInvalidRaggedId; }
 
-// Limits that keep ragged_id and the batch index inside 16 bits (SPEC 3.3).
+// Limits that keep ragged_id and the batch index inside 16 bits (contract 3.3).
 constexpr int64_t kMaxQueryTokens = 65536;
 constexpr int64_t kMaxBatch = 65535;
 
 // Window length of one compressed token: 8 rows for the overlapping cr = 4, 128 for cr = 128.
 DSV4_HD int window_of(int compress_ratio) { return compress_ratio == 4 ? 8 : 128; }
 
-// State-slot addressing (SPEC 2.1).
+// State-slot addressing (contract 2.1).
 enum class Addressing : int32_t {
   // slot = (swa / sps) * ring + swa % ring, swa = full_to_state[req_to_token[rid, pos]]
   kSwaPaged = 0,

@@ -1,4 +1,4 @@
-// compress_norm_rope_store (SPEC 1.3 and 4): torch-free math shared by the CPU kernel
+// compress_norm_rope_store (docs/contract.md 1.3 and 4): torch-free math shared by the CPU kernel
 // (store_cpu.cpp) and the GPU kernel (store/store_kernel.cuh).
 //
 // Both backends walk a token with the same "lane layout": 32 lanes, lane l holding the
@@ -18,7 +18,7 @@
 
 namespace dsv4 {
 
-// ---- store formats (SPEC 4 table) ---------------------------------------------------------
+// ---- store formats (contract 4 table) ---------------------------------------------------------
 
 enum StoreFormat : int {
   kStoreFp8DsMla = 0,   // hd 512: 448 e4m3 + 64 bf16 rope dims, 7 UE8M0 scales (+1 unused byte)

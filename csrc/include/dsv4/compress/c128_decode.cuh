@@ -35,7 +35,7 @@ constexpr int kC128CopyAhead = 4 * (kC128Block / kC128CopyLanes);
 // plan records: thread t holds records t + kC128Block * j of the round, and the closing
 // requests per lane group and chunk are double-buffered by round. Rounds of 2 chunks with the
 // counts prefixed by lane shuffles were faster than a round per chunk whose every thread summed
-// the counts of the groups before its own, and than rounds of 4 (docs/performance_log.md).
+// the counts of the groups before its own, and than rounds of 4 (docs/design/c128_pooling.md).
 constexpr int kScanChunks = 2;
 constexpr int kScanGroups = kC128Block / kLaneGroup;
 static_assert(kScanGroups <= kLaneGroup, "the scan's lane-group counts fit one lane group");

@@ -72,7 +72,7 @@ using C128Parts = float[3][kC128RowGroups][kC128Ch];
 // state, bf16 input) through load_rows_either, else (bf16 state, fp32 input) as one extra load
 // pair of the warp that holds it (g is warp-uniform). Each is the form that kept its instance
 // fast: the extra pair spilled the former in the grouped loop (ptxas -v), and load_rows_either
-// made the latter slower (docs/performance_log.md).
+// made the latter slower (docs/design/c128_pooling.md).
 template <typename TS, typename TI, int kMode, int kHd>
 DSV4_DEVICE void c128_load_window(const Params& p, int64_t e, int c, const WindowRows& w,
                                   int32_t new_row, float (&z)[kC128Rows][kC128Vec],

@@ -100,7 +100,7 @@ DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressP
     sb[r] = r < 4 ? st_b0 : st_b1;
     off[r] = r * kRow + kv_offset(4, kHd, r);
   }
-  // Scores sit 2 * hd after their kv values in both halves (score_ovl / score, SPEC 1.1).
+  // Scores sit 2 * hd after their kv values in both halves (score_ovl / score, docs/contract.md 1.1).
   float z[8][V], kv[8][V];
   load_rows(fs, fi, sb, in_b, off, 2 * kHd, kv, z);
   float a[8][V];

@@ -81,7 +81,7 @@ inline int64_t c128_record_blocks(int64_t records, int hd, int records_per_block
 // step that closes many windows then pays for the rounding of its pools to whole rounds. In a
 // step where every request closes, the fixed shares leave the blocks on slower multiprocessors
 // last; claiming the last rounds' pools by compare-and-swap, so that finished blocks take over,
-// measured slower (docs/performance_log.md).
+// measured slower (docs/design/c128_pooling.md).
 inline int64_t c128_decode_groups(int64_t events, int hd, int64_t sms) {
   const int64_t slices = hd / kC128Ch, slots = DSV4_C128_MIN_BLOCKS * (sms > 0 ? sms : 1);
   if (events * slices < 4 * slots || events >= (int64_t(1) << 31))

@@ -1,4 +1,4 @@
-// compress_norm_rope_store GPU kernel (SPEC 1.3 and 4), shared by CUDA and HIP.
+// compress_norm_rope_store GPU kernel (docs/contract.md 1.3 and 4), shared by CUDA and HIP.
 //
 // One 32-lane group (kLaneGroup) per token, several tokens per block. Lane l holds dims
 // 128*j + 4*l + k (store_math.h's lane layout): every load and store instruction of a group
