@@ -714,7 +714,7 @@ def test_empty_inputs(device):
           torch.zeros(0, dsv4_ops.cache_page_bytes("bf16", 1), dtype=torch.uint8), True, 4, 1e-6, 1)
 
 
-# ---- the project's plain-PyTorch reference (dsv4_ops.testing.reference) ---------------------------
+# ---- the project's plain-PyTorch reference (dsv4_ops.testing.reference) --------------------------
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_against_dsv4_reference_store(device, fmt):

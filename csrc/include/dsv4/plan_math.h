@@ -241,7 +241,7 @@ DSV4_HD int32_t page_of(const PlanParams& p, int32_t slot) {
   return slot < 0 ? -1 : slot >> p.cr_shift;
 }
 
-// ---- decode (contract 3.2, 3.5) ------------------------------------------------------------------
+// ---- decode (contract 3.2, 3.5) -----------------------------------------------------------------
 
 // A seq_len outside [1, 2^31) has no new token: {0, -1, -1, -1}. Such an entry still looks up
 // position 0 (at in-range indices), so that no branch stands between the loads of the lengths
@@ -261,7 +261,7 @@ DSV4_HD DecodePlan decode_record(const PlanParams& p, int64_t rid, int64_t seq_l
   return live ? r : DecodePlan{0u, -1, -1, -1};
 }
 
-// ---- prefill: per-request closed forms (contract 3.3, 3.5) -----------------------------------------
+// ---- prefill: per-request closed forms (contract 3.3, 3.5) --------------------------------------
 
 // Lengths a planner works with: 0 <= sl < 2^31 and 0 <= el <= sl (device lengths are clamped
 // to this; host lengths are validated to satisfy it).
