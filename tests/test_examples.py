@@ -25,3 +25,15 @@ def test_serving_demo_runs():
                "--decode-steps", "2")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "OK: every compressed token, cache byte and state row matches the reference" in run.stdout
+
+
+def test_readme_quickstart_is_the_example():
+    """The README's quickstart block is examples/quickstart.py verbatim, so the code that
+    test_quickstart_runs runs is the code a reader pastes."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    marker = "<!-- quickstart: examples/quickstart.py -->\n```python\n"
+    assert marker in readme
+    block = readme.split(marker, 1)[1].split("```\n", 1)[0]
+    with open(os.path.join(ROOT, "examples", "quickstart.py")) as f:
+        assert block == f.read()
