@@ -37,7 +37,7 @@ STORE_CASES = [("fp8_ds_mla", 512, 4), ("fp8_ds_mla", 512, 128), ("bf16", 512, 4
                ("fp8_indexer", 128, 4), ("fp4_indexer", 128, 4)]
 # Stores fed bf16 norm weights and int32 out_loc, as a serving engine may (the fp32 / int64 cases
 # above are the reference engine harness's): decode 8 closing rows and the first prefill. The
-# kernel's round of input loads is laid out per dtype (store_kernels.cuh, load_bits).
+# kernel's round of input loads is laid out per dtype (store/store_kernel.cuh, load_bits).
 NARROW_CASES = [("fp8_ds_mla", 512, 4), ("fp8_indexer", 128, 4)]
 # (label, head_dim, ratio, store format, online)
 STEP_CASES = [("main", 512, 4, "fp8_ds_mla", False), ("main", 512, 4, "bf16", False),
