@@ -77,7 +77,7 @@ build_inplace() {
   if [ -f build/editable/build.ninja ]; then
     echo "rebuilding the dsv4_ops extension (only what changed; MAX_JOBS=$jobs, log: $log)..."
   else
-    echo "building the dsv4_ops extension (first time: about 2 minutes on 2 cores; MAX_JOBS=$jobs, log: $log)..."
+    echo "building the dsv4_ops extension (first time: about a minute on 2 cores; MAX_JOBS=$jobs, log: $log)..."
   fi
   mkdir -p build
   rm -f "$stamp_file"

@@ -21,7 +21,7 @@ git ls-files -z --cached --others --exclude-standard |
   tar --null -T - -cf - | tar -xf - -C "$WORK/src"
 
 t0=$SECONDS
-echo "check_wheel: building the wheel (a full build of the extension: about 2 minutes on 2 cores; log: $WORK/wheel.log)..."
+echo "check_wheel: building the wheel (a full build of the extension: about a minute on 2 cores; log: $WORK/wheel.log)..."
 if ! (cd "$WORK/src" && MAX_JOBS=${MAX_JOBS:-2} "$BUILD_PY" -m pip wheel \
         --disable-pip-version-check --no-build-isolation --no-deps -w "$WORK/dist" .) \
         > "$WORK/wheel.log" 2>&1; then
