@@ -40,19 +40,30 @@ def compress_forward(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor
     return out
 
 
+def _format_table():
+    """(head_dim, use_fp4, bf16_store) -> store format, from STORE_FORMATS (one dict lookup per
+    store call)."""
+    main = STORE_FORMATS["fp8_ds_mla"].head_dim
+    indexer = STORE_FORMATS["fp8_indexer"].head_dim
+    return {(main, False, False): "fp8_ds_mla", (main, False, True): "bf16",
+            (indexer, False, False): "fp8_indexer", (indexer, True, False): "fp4_indexer"}
+
+
+_FORMAT_OF = _format_table()
+
+
 def store_format_of(head_dim: int, use_fp4: bool = False, bf16_store: bool = False) -> str:
     """The cache format compress_norm_rope_store writes for this head_dim and flags (a key of
     dsv4_ops.STORE_FORMATS)."""
+    fmt = _FORMAT_OF.get((head_dim, bool(use_fp4), bool(bf16_store)))
+    if fmt is not None:
+        return fmt
     if head_dim not in {f.head_dim for f in STORE_FORMATS.values()}:
         raise ValueError(f"dsv4.compress_norm_rope_store: kv.shape[1] (head_dim) must be 128 or "
                          f"512, got {head_dim}")
     if use_fp4 and head_dim != STORE_FORMATS["fp4_indexer"].head_dim:
         raise ValueError("dsv4.compress_norm_rope_store: use_fp4 needs head_dim 128 (indexer)")
-    if bf16_store and head_dim != STORE_FORMATS["bf16"].head_dim:
-        raise ValueError("dsv4.compress_norm_rope_store: bf16_store needs head_dim 512")
-    if head_dim == STORE_FORMATS["fp8_ds_mla"].head_dim:
-        return "bf16" if bf16_store else "fp8_ds_mla"
-    return "fp4_indexer" if use_fp4 else "fp8_indexer"
+    raise ValueError("dsv4.compress_norm_rope_store: bf16_store needs head_dim 512")
 
 
 # The Python layer's own checks run only once a call has failed (no host time on the hot
