@@ -7,16 +7,16 @@
 #   TORCH_SPEC       torch requirement to install (default torch==2.13.0, the CPU build here)
 #   DSV4_VENV        environment to use (default .venv); one that has torch keeps it, so on a
 #                    GPU machine DSV4_VENV=/path/to/venv-with-cuda-torch tests the CUDA kernels
-#   OMP_NUM_THREADS  CPU threads of the kernels (default 2: their parallel loops still split
-#                    the work, and the small test tensors gain nothing from more threads,
-#                    while more threads than free cores make every parallel loop wait)
+#   OMP_NUM_THREADS  CPU threads of the kernels (default: half the CPUs, at least one). A
+#                    parallel loop waits for its slowest thread, so threads that compete with
+#                    other processes for the cores make every loop wait for a descheduled one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 # shellcheck disable=SC2046  # one package per word
 ensure_venv "${DSV4_VENV:-.venv}" $(project_extra test)
 build_inplace
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 # -q unless the arguments set the verbosity themselves (-q -q would drop the summary line).
 verbosity=(-q)
 select=(-m "not slow")

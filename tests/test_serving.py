@@ -247,7 +247,6 @@ def test_bf16_store_and_output_dtypes(device):
     _mixed_trace(make_sim(device, comps, max_context=512, out_loc_dtype=torch.int32))
 
 
-@pytest.mark.slow
 def test_online_cr128_long_decode(device):
     """The online running state across chunk boundaries, by decode and by extends that start
     and stop inside a chunk (state merge)."""
