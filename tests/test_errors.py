@@ -1,4 +1,5 @@
 """Bad input raises a clear error naming the op and the argument (and never crashes)."""
+import dataclasses
 import re
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 import dsv4_ops
 from dsv4_ops import ops
 
-from op_samples import decode_world, freqs_real, make_world
+from op_samples import decode_world, make_world
 
 OPS = torch.ops.dsv4
 
@@ -166,9 +167,11 @@ def test_swa_ring_shorter_than_window(device):
 def _shifted_swa_world(device, shift):
     """full_to_state moved by `shift` SWA rows: still a bijection, but not page-aligned
     (swa % 64 != pos % 64) when shift is not a multiple of the SWA page size."""
-    w = make_world(device)
-    w.full_to_state = w.full_to_state + shift
-    return w
+    return _with_full_to_state_shift(make_world(device), shift)
+
+
+def _with_full_to_state_shift(w, shift):
+    return dataclasses.replace(w, full_to_state_cpu=w.full_to_state_cpu + shift, tensors={})
 
 
 @pytest.mark.parametrize("shift", [1, 8])
@@ -176,8 +179,7 @@ def test_debug_swa_pages_not_page_aligned(device, debug_mode, shift):
     w = _shifted_swa_world(device, shift)
     with pytest.raises(ValueError, match=r"dsv4\.plan_prefill: full_to_state is not page-aligned"):
         _prefill_plan(w)
-    d = decode_world(device)
-    d.full_to_state = d.full_to_state + shift
+    d = _with_full_to_state_shift(decode_world(device), shift)
     with pytest.raises(ValueError, match=r"dsv4\.plan_decode: full_to_state is not page-aligned"):
         _decode_plan(d)
 
@@ -241,7 +243,7 @@ def test_non_integer_lengths_and_indices(device, dtype):
     plan = _decode_plan(d)
     raises("compress_norm_rope_store", "out_loc", lambda: dsv4_ops.compress_norm_rope_store(
         torch.randn(2, 128, device=device), plan, norm_weight=d.norm_weight, norm_eps=1e-6,
-        freq_cis=d.freqs, out_loc=f(d.out_loc(2)), kvcache=d.kvcache("fp8_indexer"),
+        freq_cis=d.freqs, out_loc=f(d.out_loc), kvcache=d.kvcache("fp8_indexer"),
         page_size=d.cache_page_size))
 
 
@@ -257,7 +259,7 @@ def _store_call(w, plan_obj, fmt="fp8_indexer", **over):
     hd = 512 if fmt in ("fp8_ds_mla", "bf16") else 128
     a = dict(kv=torch.randn(plan_obj[1].shape[0], hd, device=w.device), plan=plan_obj,
              norm_weight=w.norm_weight if hd == 128 else torch.ones(hd, device=w.device),
-             norm_eps=1e-6, freq_cis=w.freqs, out_loc=w.out_loc(plan_obj[1].shape[0]),
+             norm_eps=1e-6, freq_cis=w.freqs, out_loc=w.out_loc,
              kvcache=w.kvcache(fmt), page_size=w.cache_page_size,
              use_fp4=fmt == "fp4_indexer", bf16_store=fmt == "bf16")
     a.update(over)
@@ -266,7 +268,7 @@ def _store_call(w, plan_obj, fmt="fp8_indexer", **over):
 
 def _raw_store_args(w, plan_rows, is_decode, **over):
     a = dict(kv=torch.randn(plan_rows.shape[0], 128, device=w.device), plan=plan_rows,
-             norm_weight=w.norm_weight, freqs=freqs_real(w), out_loc=w.out_loc(plan_rows.shape[0]),
+             norm_weight=w.norm_weight, freqs=w.freqs_real, out_loc=w.out_loc,
              kvcache=w.kvcache("fp8_indexer"), is_decode=is_decode, compress_ratio=w.compress_ratio,
              eps=1e-6, page_size=w.cache_page_size, store_format="fp8_indexer")
     a.update(over)
@@ -283,7 +285,7 @@ def test_debug_rope_table_shorter_than_positions(device, debug_mode):
                                          r"rope position .*freq_cis"):
         _store_call(d, plan, freq_cis=short)()
     loc = torch.tensor([0, 3 * d.cache_page_size], dtype=torch.int64, device=device)
-    a = _raw_store_args(d, plan.plan_d, True, freqs=freqs_real(d)[:10].contiguous(), out_loc=loc)
+    a = _raw_store_args(d, plan.plan_d, True, freqs=d.freqs_real[:10].contiguous(), out_loc=loc)
     with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: plan record 0 has "
                                          r"rope position"):
         ops.compress_norm_rope_store_op(**a)
@@ -293,7 +295,7 @@ def test_debug_rope_table_shorter_than_positions(device, debug_mode):
     assert (cache != 0).any(-1).nonzero().flatten().tolist() == [3]
 
 
-@pytest.mark.parametrize("fmt", ops.STORE_FORMATS)
+@pytest.mark.parametrize("fmt", tuple(dsv4_ops.STORE_FORMATS))
 def test_page_size_smaller_than_the_caches(device, fmt):
     """A cache built for page_size 64 written with page_size 32 would put every token at the
     offsets of a 32-token page: refused (a page may be padded by less than a doubling)."""
@@ -489,7 +491,7 @@ def test_bad_freq_cis_is_named_freq_cis(device, table):
     d = decode_world(device)
     plan = _decode_plan(d)
     f = {"short_rows": d.freqs[:, :16], "complex128": d.freqs.to(torch.complex128),
-         "real_wrong_width": freqs_real(d)[:, :32]}[table]
+         "real_wrong_width": d.freqs_real[:, :32]}[table]
     with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: freq_cis must be "
                                          r"complex64 \[max_pos, 32\]"):
         _store_call(d, plan, freq_cis=f)()
