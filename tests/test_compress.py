@@ -972,7 +972,7 @@ def _nonfinite_case(cr, hd, L, rows, seed):
     every row (every window pools 0 there). cr = 4 rows carry them in their current quarters."""
     g = torch.Generator().manual_seed(seed)
     x = random_rows(g, L, cr, hd, False)
-    ape = torch.randn(win_of(cr), hd, generator=g) * 0.5
+    ape = torch.randn(window_size(cr), hd, generator=g) * 0.5
     kv0, sc0 = (hd, 3 * hd) if cr == 4 else (0, hd)
     x[rows[0], sc0 + NAN_SCORE.start:sc0 + NAN_SCORE.stop] = float("nan")
     ape[5, NAN_APE] = float("nan")
@@ -1001,7 +1001,7 @@ def _offline_nonfinite(device, cr, hd, x, ape, steps, odt=F32):
     decode steps. Returns {s: output row} of every window closed."""
     gen = torch.Generator().manual_seed(3)
     addr = Addr(cr, 8 if cr == 4 else 128, 1, gen)
-    state = torch.zeros(addr.num_pages, cr, row_of(cr, hd)).to(device)
+    state = torch.zeros(addr.num_pages, cr, kv_score_row_width(cr, hd)).to(device)
     ape_d, L, got = ape.to(device), 0, {}
     for kind, n in steps:
         for _ in range(1 if kind == "p" else n):
