@@ -13,8 +13,9 @@ simulated serving engine and the builder of test worlds; it is imported on deman
 """
 from . import ops
 from .compressor import compress_forward, compress_norm_rope_store, store_format_of
-from .layout import (STORE_FORMATS, Compressor, StoreFormat, cache_page_bytes, kv_cache,
-                     kv_score_row_width, state_buffer, state_row_width, state_slots, window_size)
+from .layout import (STORE_FORMATS, Compressor, KVLayout, StoreFormat, cache_page_bytes,
+                     is_valid_kv_layout_pair, kv_cache, kv_score_row_width, pair_ring_size,
+                     state_buffer, state_row_width, state_slots, window_size)
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 from .validate import set_debug, validate_compress, validate_store
 
@@ -23,6 +24,6 @@ __all__ = [
     "compress_norm_rope_store", "store_format_of", "set_debug", "validate_compress",
     "validate_store", "STORE_FORMATS", "Compressor", "StoreFormat", "cache_page_bytes",
     "kv_cache", "kv_score_row_width", "state_buffer", "state_row_width", "state_slots",
-    "window_size",
+    "window_size", "KVLayout", "is_valid_kv_layout_pair", "pair_ring_size",
 ]
 from ._library import VERSION as __version__  # pyproject.toml's version, as the build recorded it

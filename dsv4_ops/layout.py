@@ -7,15 +7,28 @@
     cache = dsv4_ops.kv_cache(fmt, num_pages=64, page_size=64)
 
 `Compressor` bundles the parameters of one compressor of the model and derives the same.
+
+The V4.1 groundwork: `KVLayout`, the six paged cache layouts of the V4.1 caches (byte sizes and
+addressing of a token), and the ratio-2 pair-state ring (`pair_ring_size`, `state_slots(
+"pair_ring", ...)`, `state_buffer(2, 512, ...)`).
+
+    layout = dsv4_ops.KVLayout.parse("v41_fp4")
+    cache = dsv4_ops.kv_cache(layout, num_pages=64, page_size=64)   # [64, layout.page_bytes(64)]
+    ring = dsv4_ops.pair_ring_size(num_draft_tokens=3)              # 8
+    state = dsv4_ops.state_buffer(2, 512, dsv4_ops.state_slots(
+        "pair_ring", compress_ratio=2, ring_size=ring, num_requests=16))
 """
+import enum
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
 
 RATIOS = (4, 128)
+PAIR_RATIO = 2
+PAIR_HEAD_DIM = 512
 HEAD_DIMS = (128, 512)
-ADDRESSINGS = ("swa_paged", "req_ring", "legacy", "online")
+ADDRESSINGS = ("swa_paged", "req_ring", "legacy", "online", "pair_ring")
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -36,14 +49,186 @@ STORE_FORMATS = {
 }
 
 
+class _Encoding(NamedTuple):
+    """Per-token bytes of one V4.1 row encoding of 512 dims (SPEC_V41 3.1): `data_bytes` of
+    codes, `scale_bytes` of scale row (`scales_written` of them written), one scale per `tile`."""
+    data_bytes: int
+    scale_bytes: int
+    scales_written: int
+    tile: int
+
+
+_V4 = STORE_FORMATS["fp8_ds_mla"]
+_HD = _V4.head_dim
+# V4 is the V4.0 fp8_ds_mla format; its tile is the 64-dim group of one UE8M0 scale.
+_ENCODINGS = {
+    "v4": _Encoding(_V4.data_bytes, _V4.scale_stride, _V4.scale_bytes, 64),
+    "v41": _Encoding(_HD, _HD // 32, _HD // 32, 32),             # e4m3 codes, UE8M0 per 32
+    "v41_fp4": _Encoding(_HD // 2, _HD // 16, _HD // 16, 16),    # e2m1 pairs, e4m3 per 16
+    "uniform_fp8": _Encoding(_HD, 0, 0, _HD),                    # e4m3 codes, unit scale
+}
+# name -> (C++ enumerator, encoding, interleaved)
+_LAYOUTS = {
+    "v4": (0, "v4", False),
+    "v41": (1, "v41", False),
+    "v41_fp4": (2, "v41_fp4", False),
+    "uniform_fp8": (3, "uniform_fp8", False),
+    "v41_new": (4, "v41", True),
+    "v41_fp4_new": (5, "v41_fp4", True),
+}
+_LAYOUT_NAMES = tuple(_LAYOUTS)
+
+
+class KVLayout(str, enum.Enum):
+    """The paged KV-cache layouts of V4.1 (SPEC_V41 3.1), with the reference engine's names.
+
+    Block-split pages hold the page's token data, then its scale rows; interleaved pages hold
+    each token's data followed by its scales. All hold 512-dim rows.
+    """
+    V4 = "v4"
+    V41 = "v41"
+    V41_FP4 = "v41_fp4"
+    UNIFORM_FP8 = "uniform_fp8"
+    V41_NEW = "v41_new"
+    V41_FP4_NEW = "v41_fp4_new"
+
+    @classmethod
+    def parse(cls, layout) -> "KVLayout":
+        """A member from a member or its name (case-insensitive)."""
+        if isinstance(layout, cls):
+            return layout
+        name = layout.lower() if isinstance(layout, str) else layout
+        if name not in _LAYOUTS:
+            _fail("KVLayout.parse", "layout", f"must be one of {_LAYOUT_NAMES}, got {layout!r}")
+        return cls(name)
+
+    @property
+    def code(self) -> int:
+        """The number of the C++ enumerator."""
+        return _LAYOUTS[self.value][0]
+
+    @property
+    def encoding(self) -> "KVLayout":
+        """The block-split layout of the same row encoding (V41_NEW -> V41)."""
+        return KVLayout(_LAYOUTS[self.value][1])
+
+    @property
+    def is_interleaved(self) -> bool:
+        return _LAYOUTS[self.value][2]
+
+    @property
+    def is_fp4(self) -> bool:
+        return self.encoding is KVLayout.V41_FP4
+
+    @property
+    def head_dim(self) -> int:
+        return _HD
+
+    @property
+    def _enc(self) -> _Encoding:
+        return _ENCODINGS[_LAYOUTS[self.value][1]]
+
+    @property
+    def data_bytes(self) -> int:
+        """D: bytes of a token's data."""
+        return self._enc.data_bytes
+
+    @property
+    def scale_bytes(self) -> int:
+        """S: bytes of a token's scale row (V4: 8, of which 7 are written)."""
+        return self._enc.scale_bytes
+
+    @property
+    def scales_written(self) -> int:
+        return self._enc.scales_written
+
+    @property
+    def tile_size(self) -> int:
+        """Dims that share one scale."""
+        return self._enc.tile
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.data_bytes + self.scale_bytes
+
+    @property
+    def page_align(self) -> int:
+        """Pages are padded to a multiple of this: the data row stride when block-split, the
+        token stride (no padding) when interleaved."""
+        return self.bytes_per_token if self.is_interleaved else self.data_bytes
+
+    def page_bytes(self, page_size: int) -> int:
+        """PB: bytes of one page of `page_size` (a power of two) tokens,
+        `ceil(page_size * bytes_per_token / page_align) * page_align`."""
+        ps = _check_page_size(f"KVLayout.{self.name}.page_bytes", page_size)
+        return _padded(ps * self.bytes_per_token, self.page_align)
+
+    def with_interleaved(self, interleaved: bool = True) -> "KVLayout":
+        """The layout of the same encoding with the given page arrangement."""
+        for member in KVLayout:
+            if member.encoding is self.encoding and member.is_interleaved == interleaved:
+                return member
+        _fail(f"KVLayout.{self.name}.with_interleaved", "interleaved",
+              f"{interleaved} has no {self.encoding.value} layout")
+
+    def token_offsets(self, loc, page_size: int):
+        """(data, scales): byte offsets of the token at cache slot `loc` (an int or an integer
+        tensor) in the flattened cache `[num_pages * page_bytes]`."""
+        ps = _check_page_size(f"KVLayout.{self.name}.token_offsets", page_size)
+        return token_byte_offsets(loc, ps, self.data_bytes, self.scale_bytes, self.page_bytes(ps),
+                                  self.is_interleaved)
+
+
+def token_byte_offsets(loc, page_size: int, data_bytes: int, scale_bytes: int, page_bytes: int,
+                       interleaved: bool = False):
+    """(data, scales) byte offsets of slot `loc` (int or integer tensor) in a flattened paged
+    cache: page `loc >> log2(page_size)`, offset `off` in it; block-split pages hold data at
+    `off * data_bytes` and scales at `page_size * data_bytes + off * scale_bytes`, interleaved
+    pages a token's data at `off * (data_bytes + scale_bytes)`, its scales right after."""
+    ps = _check_page_size("token_byte_offsets", page_size)
+    page, off = loc >> (ps.bit_length() - 1), loc & (ps - 1)
+    base = page * page_bytes
+    if interleaved:
+        data = base + off * (data_bytes + scale_bytes)
+        return data, data + data_bytes
+    return base + off * data_bytes, base + ps * data_bytes + off * scale_bytes
+
+
+def is_valid_kv_layout_pair(kv_layout, extra_layout) -> bool:
+    """Whether a main cache of `kv_layout` may sit next to a compressed (extra) cache of
+    `extra_layout` (SPEC_V41 3.5): the same layout, or a V41-encoded main with a V41_FP4-encoded
+    extra of the same page arrangement."""
+    kv, extra = KVLayout.parse(kv_layout), KVLayout.parse(extra_layout)
+    return kv is extra or (kv.encoding is KVLayout.V41 and extra.encoding is KVLayout.V41_FP4
+                           and kv.is_interleaved == extra.is_interleaved)
+
+
+def pair_ring_size(num_draft_tokens: int = 0) -> int:
+    """Rows of one request's ratio-2 pair-state ring (SPEC_V41 2.1): 2 without speculative
+    decoding, else `2^bitlen(n + 1)`, the smallest power of two >= n + 2."""
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) \
+            or num_draft_tokens < 0:
+        _fail("pair_ring_size", "num_draft_tokens", f"must be an int >= 0, got {num_draft_tokens!r}")
+    return 1 << (num_draft_tokens + 1).bit_length()
+
+
 def _fail(fn: str, arg: str, msg: str):
     raise ValueError(f"dsv4_ops.{fn}: {arg} {msg}")
 
 
-def _check_ratio(fn: str, compress_ratio) -> int:
+def _check_ratio(fn: str, compress_ratio, pair: bool = False) -> int:
+    """The V4.0 ratios (4, 128); with `pair`, also the V4.1 ratio-2 pair state (head_dim 512)."""
+    if pair and compress_ratio == PAIR_RATIO:
+        return PAIR_RATIO
     if compress_ratio not in RATIOS:
-        _fail(fn, "compress_ratio", f"must be 4 or 128, got {compress_ratio!r}")
+        allowed = "2, 4 or 128" if pair else "4 or 128"
+        _fail(fn, "compress_ratio", f"must be {allowed}, got {compress_ratio!r}")
     return int(compress_ratio)
+
+
+def _check_pair_head_dim(fn: str, compress_ratio: int, head_dim: int) -> None:
+    if compress_ratio == PAIR_RATIO and head_dim != PAIR_HEAD_DIM:
+        _fail(fn, "head_dim", f"must be {PAIR_HEAD_DIM} with compress_ratio 2, got {head_dim!r}")
 
 
 def _check_head_dim(fn: str, head_dim) -> int:
@@ -61,7 +246,9 @@ def _format(fn: str, store_format) -> StoreFormat:
     if isinstance(store_format, StoreFormat):
         return store_format
     if store_format not in STORE_FORMATS:
-        _fail(fn, "store_format", f"must be one of {tuple(STORE_FORMATS)}, got {store_format!r}")
+        layouts = f" or a KVLayout {_LAYOUT_NAMES}" if fn in ("cache_page_bytes", "kv_cache") else ""
+        _fail(fn, "store_format", f"must be one of {tuple(STORE_FORMATS)}{layouts}, "
+                                  f"got {store_format!r}")
     return STORE_FORMATS[store_format]
 
 
@@ -72,16 +259,20 @@ def window_size(compress_ratio: int) -> int:
 
 def kv_score_row_width(compress_ratio: int, head_dim: int) -> int:
     """Elements of one kv_score input row: ratio 4 `kv_ovl|kv|score_ovl|score` (4 * head_dim),
-    ratio 128 `kv|score` (2 * head_dim)."""
-    cr = _check_ratio("kv_score_row_width", compress_ratio)
-    return (4 if cr == 4 else 2) * _check_head_dim("kv_score_row_width", head_dim)
+    ratios 128 and 2 `kv|score` (2 * head_dim)."""
+    fn = "kv_score_row_width"
+    cr = _check_ratio(fn, compress_ratio, pair=True)
+    hd = _check_head_dim(fn, head_dim)
+    _check_pair_head_dim(fn, cr, hd)
+    return (4 if cr == 4 else 2) * hd
 
 
 def state_row_width(compress_ratio: int, head_dim: int, is_online: bool = False) -> int:
     """Elements of one state-buffer row: a raw kv_score row, or the online running state
     `max|sum|kv` (3 * head_dim, ratio 128 only)."""
-    cr = _check_ratio("state_row_width", compress_ratio)
+    cr = _check_ratio("state_row_width", compress_ratio, pair=True)
     hd = _check_head_dim("state_row_width", head_dim)
+    _check_pair_head_dim("state_row_width", cr, hd)
     _check_online("state_row_width", cr, is_online)
     return 3 * hd if is_online else kv_score_row_width(cr, hd)
 
@@ -101,12 +292,21 @@ def state_slots(addressing: str, *, compress_ratio: int, ring_size: Optional[int
 
     swa_paged (ratio 4): `num_swa_pages * ring_size`; req_ring: `num_requests * ring_size`
     (request rows 0..num_requests-1); legacy: `num_requests * window`; online (ratio 128):
-    `num_requests + state_slot_offset` (slot rid + offset, and the committed-bank slot rid).
+    `num_requests + state_slot_offset` (slot rid + offset, and the committed-bank slot rid);
+    pair_ring (ratio 2, SPEC_V41 2.1): `num_requests * ring_size + ring_size + 1` rounded up
+    to even, the last row being the spare (kv = 0, score = -inf) row.
     """
     fn = "state_slots"
-    cr = _check_ratio(fn, compress_ratio)
+    cr = _check_ratio(fn, compress_ratio, pair=True)
     if addressing not in ADDRESSINGS:
         _fail(fn, "addressing", f"must be one of {ADDRESSINGS}, got {addressing!r}")
+    if (addressing == "pair_ring") != (cr == PAIR_RATIO):
+        _fail(fn, "addressing", f"'pair_ring' is the addressing of compress_ratio 2 and only "
+                                f"of it, got {addressing!r} with compress_ratio {cr}")
+    if addressing == "pair_ring":
+        ring = _check_ring(fn, addressing, cr, ring_size)
+        rows = _positive(fn, "num_requests", num_requests) * ring + ring + 1
+        return rows + rows % 2
     if addressing == "online":
         _check_online(fn, cr, True)
         if state_slot_offset < 0:
@@ -142,6 +342,8 @@ def state_buffer(compress_ratio: int, head_dim: int, num_slots: int, *, is_onlin
     (fp32 or bf16). compress_forward takes it as is (or any view with the same last dim)."""
     fn = "state_buffer"
     width = state_row_width(compress_ratio, head_dim, is_online)
+    if compress_ratio == PAIR_RATIO and dtype != torch.float32:
+        _fail(fn, "dtype", f"of the ratio-2 pair state must be torch.float32, got {dtype}")
     if dtype not in STATE_DTYPES:
         _fail(fn, "dtype", f"must be torch.float32 or torch.bfloat16, got {dtype}")
     if int(num_slots) < 0:
@@ -152,21 +354,34 @@ def state_buffer(compress_ratio: int, head_dim: int, num_slots: int, *, is_onlin
     return torch.zeros((int(num_slots), width), dtype=dtype, device=device)
 
 
-def cache_page_bytes(store_format, page_size: int) -> int:
-    """Bytes of one cache page of `page_size` (a power of two) tokens: the token data of the
-    page, then its scales; fp8_ds_mla pages are padded to a multiple of 576 bytes."""
-    fn = "cache_page_bytes"
-    fmt = _format(fn, store_format)
+def _check_page_size(fn: str, page_size) -> int:
     if int(page_size) < 1 or int(page_size) & (int(page_size) - 1):
         _fail(fn, "page_size", f"must be a power of two, got {page_size}")
-    nbytes = (fmt.data_bytes + fmt.scale_stride) * int(page_size)
+    return int(page_size)
+
+
+def _padded(nbytes: int, align: int) -> int:
+    return -(-nbytes // align) * align
+
+
+def cache_page_bytes(store_format, page_size: int) -> int:
+    """Bytes of one cache page of `page_size` (a power of two) tokens: the token data of the
+    page, then its scales; fp8_ds_mla pages are padded to a multiple of 576 bytes.
+    `store_format` may also be a KVLayout (or its name): then `KVLayout.page_bytes`."""
+    fn = "cache_page_bytes"
+    if isinstance(store_format, str) and store_format in _LAYOUT_NAMES:
+        return KVLayout(store_format).page_bytes(page_size)
+    fmt = _format(fn, store_format)
+    page_size = _check_page_size(fn, page_size)
+    nbytes = (fmt.data_bytes + fmt.scale_stride) * page_size
     if fmt == STORE_FORMATS["fp8_ds_mla"]:
-        nbytes = -(-nbytes // fmt.data_bytes) * fmt.data_bytes
+        nbytes = _padded(nbytes, fmt.data_bytes)
     return nbytes
 
 
 def kv_cache(store_format, num_pages: int, page_size: int, *, device=None) -> torch.Tensor:
-    """A zeroed compressed KV cache: uint8 `[num_pages, cache_page_bytes(store_format, page_size)]`."""
+    """A zeroed compressed KV cache: uint8 `[num_pages, cache_page_bytes(store_format, page_size)]`;
+    `store_format` is a store format of the contract (4) or a KVLayout."""
     nbytes = cache_page_bytes(store_format, page_size)
     if int(num_pages) < 0:
         _fail("kv_cache", "num_pages", f"must be >= 0, got {num_pages}")

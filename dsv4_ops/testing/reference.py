@@ -84,6 +84,19 @@ def hadamard_matrix(n: int, dtype=torch.float64) -> torch.Tensor:
     return (1 - 2 * parity).to(dtype)
 
 
+def rope(y: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, first_dim: int
+         ) -> torch.Tensor:
+    """y (float64 [n, d]) with the 64 dims from first_dim rotated as interleaved pairs
+    (first_dim + 2k, first_dim + 2k + 1) by freqs[positions][k]; a new tensor."""
+    f = freqs_real(freqs).to(torch.float64)[positions.to(torch.int64)]
+    cos, sin = f[:, 0::2], f[:, 1::2]
+    re, im = y[:, first_dim:first_dim + ROPE_DIM:2], y[:, first_dim + 1:first_dim + ROPE_DIM:2]
+    y = y.clone()
+    y[:, first_dim:first_dim + ROPE_DIM:2] = re * cos - im * sin
+    y[:, first_dim + 1:first_dim + ROPE_DIM:2] = re * sin + im * cos
+    return y
+
+
 def norm_rope(x: torch.Tensor, positions: torch.Tensor, norm_weight: torch.Tensor, eps: float,
               freqs: torch.Tensor) -> torch.Tensor:
     """RMSNorm over hd, RoPE on the last 64 dims at `positions`, Hadamard when hd == 128.
@@ -91,12 +104,7 @@ def norm_rope(x: torch.Tensor, positions: torch.Tensor, norm_weight: torch.Tenso
     y = x.to(torch.float64)
     hd = y.shape[-1]
     y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + eps) * norm_weight.to(torch.float64)
-    f = freqs_real(freqs).to(torch.float64)[positions.to(torch.int64)]
-    cos, sin = f[:, 0::2], f[:, 1::2]
-    re, im = y[:, hd - ROPE_DIM::2], y[:, hd - ROPE_DIM + 1::2]
-    y = y.clone()
-    y[:, hd - ROPE_DIM::2] = re * cos - im * sin
-    y[:, hd - ROPE_DIM + 1::2] = re * sin + im * cos
+    y = rope(y, positions, freqs, hd - ROPE_DIM)
     if hd == 128:
         y = y @ hadamard_matrix(128).to(y.device) / 128 ** 0.5
     return y.to(torch.float32)
