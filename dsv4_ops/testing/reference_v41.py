@@ -104,8 +104,9 @@ def fp4_fake_quant(v: torch.Tensor) -> torch.Tensor:
     x = _blocks(v, FAKE_QUANT_BLOCK)
     amax = x.abs().amax(dim=-1, keepdim=True)
     s = (amax * _ONE_SIXTH).clamp(E4M3_SCALE_MIN, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    t = x / s + 0.0
+    t = x / s
     mag = e2m1_value(e2m1_index(t))
+    # -0 < 0 is false: an exact -0 input takes +0, as t + 0.0 does in the contract
     return (torch.where(t < 0, -mag, mag) * s).reshape(v.shape)
 
 
