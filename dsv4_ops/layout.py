@@ -28,7 +28,8 @@ RATIOS = (4, 128)
 PAIR_RATIO = 2
 PAIR_HEAD_DIM = 512
 HEAD_DIMS = (128, 512)
-ADDRESSINGS = ("swa_paged", "req_ring", "legacy", "online", "pair_ring")
+ADDRESSINGS = ("swa_paged", "req_ring", "legacy", "online")
+PAIR_ADDRESSING = "pair_ring"     # the ratio-2 pair-state ring of V4.1 (state_slots only)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -298,12 +299,13 @@ def state_slots(addressing: str, *, compress_ratio: int, ring_size: Optional[int
     """
     fn = "state_slots"
     cr = _check_ratio(fn, compress_ratio, pair=True)
-    if addressing not in ADDRESSINGS:
-        _fail(fn, "addressing", f"must be one of {ADDRESSINGS}, got {addressing!r}")
-    if (addressing == "pair_ring") != (cr == PAIR_RATIO):
+    if addressing not in ADDRESSINGS + (PAIR_ADDRESSING,):
+        _fail(fn, "addressing", f"must be one of {ADDRESSINGS + (PAIR_ADDRESSING,)}, "
+                                f"got {addressing!r}")
+    if (addressing == PAIR_ADDRESSING) != (cr == PAIR_RATIO):
         _fail(fn, "addressing", f"'pair_ring' is the addressing of compress_ratio 2 and only "
                                 f"of it, got {addressing!r} with compress_ratio {cr}")
-    if addressing == "pair_ring":
+    if addressing == PAIR_ADDRESSING:
         ring = _check_ring(fn, addressing, cr, ring_size)
         rows = _positive(fn, "num_requests", num_requests) * ring + ring + 1
         return rows + rows % 2

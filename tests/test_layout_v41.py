@@ -150,3 +150,7 @@ def test_pair_state_buffer():
         dsv4_ops.state_buffer(2, 512, 33)
     with pytest.raises(ValueError, match="window_size: compress_ratio must be 4 or 128"):
         dsv4_ops.window_size(2)
+    with pytest.raises(ValueError, match="Compressor: addressing must be one of"):
+        dsv4_ops.Compressor(4, 512, addressing="pair_ring")
+    with pytest.raises(ValueError, match="Compressor: compress_ratio must be 4 or 128"):
+        dsv4_ops.Compressor(2, 512)
