@@ -6,8 +6,9 @@
 #   bash scripts/check_narration.sh [PATHSPEC...]     # default: the whole tree
 #
 # Checks (case-insensitive, git grep -I over tracked text files, this script excluded):
-#   1. the project's hook: "<ordinal|this|last|next|previous|earlier|later> session",
-#      "the issue's target", ".scratch/";
+#   1. the project's hook: "<ordinal|this|last|next|previous|earlier|later> session", the
+#      issue's stated target, the scratch directory's path (the patterns below spell them with
+#      a character class, so that this file does not match itself);
 #   2. the word "session" anywhere else in prose, once the names that legitimately contain it
 #      are taken out of the line: gpu_session (scripts/gpu_session.sh, its functions and work
 #      directory), session.log (a file that script writes), and library identifiers
@@ -23,11 +24,11 @@ cd "$ROOT" || exit 2
 
 SELF=scripts/check_narration.sh
 if [ $# -gt 0 ]; then SPEC=("$@"); else SPEC=(.); fi
-# .gitignore names paths (it may ignore .scratch/), it is not prose.
+# .gitignore names ignored paths, it is not prose.
 PATHS=(-- "${SPEC[@]}" ":(exclude)$SELF" ":(exclude).gitignore")
 
 ORDINALS='first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|[a-z]+teenth|twentieth|[0-9]+(st|nd|rd|th)|this|last|next|previous|earlier|later'
-HOOK="(${ORDINALS}) session|the issue.s target|\\.scratch/"
+HOOK="(${ORDINALS}) session|the issue.s targe[t]|\\.scr[a]tch/"
 OTHER="the issue'?s\\b|\\.\\./shared|(^|[^a-z_])shared/(seed|peer|spec)|performance_log\\.md"
 
 found=0
@@ -41,7 +42,7 @@ report() {  # $1: title; stdin: git grep lines
   fi
 }
 
-report "session ordinals, the issue's target, scratch paths" \
+report "session ordinals, stated targets, scratch paths" \
   < <(git grep -I -n -i -E "$HOOK" "${PATHS[@]}")
 report "the issue's, ../shared, the removed run log" < <(git grep -I -n -i -E "$OTHER" "${PATHS[@]}")
 # Bare "session": strip the allowed names from the text after "path:line:", then look again.
