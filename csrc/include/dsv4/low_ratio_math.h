@@ -1,0 +1,167 @@
+// The ratio-1 / ratio-2 compressors of V4.1 and their stores (docs/contract.md, "V4.1"):
+// torch-free per-value math shared by the CPU kernels (csrc/low_ratio/low_ratio_cpu.cpp), the
+// GPU kernels (csrc/include/dsv4/low_ratio/*.cuh) and the V4.1 layouts of
+// compress_norm_rope_store. Every function is built from IEEE operations with one rounding
+// each (explicit fmaf, no library exp), so the CPU and the GPU produce the same bits. The
+// RMSNorm sums follow store_math.h's lane layout (lane_dim, sumsq_step, lane_tree_sum).
+#pragma once
+
+#include <math.h>
+
+#include "kv_layout.h"
+#include "numerics.h"
+#include "store_math.h"
+
+namespace dsv4 {
+
+constexpr int kLowRatioHeadDim = 512;                  // latent dims
+constexpr int kPairRowWidth = 2 * kLowRatioHeadDim;    // ratio-2 input / state row: kv | score
+constexpr int kFakeQuantBlock = 16;                    // dims per scale of the fp4 fake quant
+constexpr int kIndexKBlock = 32;                       // dims per scale of index-K
+constexpr float kOneSixth = 0.16666667163372039795f;  // fp32(1/6), a multiplier by contract
+constexpr float kE2m1Max = 6.0f;
+constexpr float kE4m3ScaleMin = 0.001953125f;          // 2^-9, the smallest e4m3 subnormal
+constexpr uint8_t kV41MinExponent = 114;               // ue8m0_ceil(1e-4) = 2^-13
+constexpr float kIndexKAmaxFloor = 7.052966105e-38f;    // 6 * 2^-126
+
+// ---- exp ---------------------------------------------------------------------------------------
+
+// e^x for x <= 0 (NaN passes through), within 2 ulp; the same bits on every backend (Cephes'
+// range reduction and polynomial, each step one fmaf). Exactly 1 at 0 and 0 below -104.
+DSV4_HD float exp_nonpositive(float x) {
+  if (!(x >= -104.0f)) return x != x ? x : 0.0f;
+  const float k = rintf(x * 1.44269504088896341f);
+  float r = fmaf(-k, 0.693359375f, x);
+  r = fmaf(-k, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  const float y = fmaf(p, r * r, r) + 1.0f;
+  const int ki = int(k);  // in [-150, 0]
+  if (ki >= -126) return y * bits_f32(uint32_t(ki + 127) << 23);
+  return (y * bits_f32(uint32_t(127 - 64) << 23)) * bits_f32(uint32_t(ki + 64 + 127) << 23);
+}
+
+// ---- ratio-2 pair pooling (contract V4.1 1.2) ------------------------------------------------
+
+// softmax([z0, z1]) pooling of one channel in closed form: with d = z0 - z1 and e = e^-|d|,
+// (kv0 * a + kv1 * b) / (1 + e), (a, b) = (1, e) if d > 0 else (e, 1). One exp, no overflow; a
+// tie gives the mean, a cleared partner (kv 0, score -inf) gives kv1 exactly.
+DSV4_HD float pair_pool(float kv_even, float score_even, float kv_odd, float score_odd) {
+  const float d = score_even - score_odd;
+  const float e = exp_nonpositive(-fabsf(d));
+  const bool even_wins = d > 0.0f;
+  const float a = even_wins ? 1.0f : e;
+  const float b = even_wins ? e : 1.0f;
+  return fmaf(kv_even, a, kv_odd * b) / (1.0f + e);
+}
+
+// The RoPE position of a compressed token: the group's first position, pos & ~(ratio - 1).
+DSV4_HD int64_t group_position(int64_t pos, int ratio) { return pos & ~int64_t(ratio - 1); }
+
+// ---- e2m1 / e4m3 helpers -----------------------------------------------------------------------
+
+// Index (0..7 into {0, .5, 1, 1.5, 2, 3, 4, 6}) of a >= 0 rounded to nearest, ties to the even
+// index, saturating at 6 (NaN gives 0).
+DSV4_HD uint32_t e2m1_rne_index(float a) {
+  return uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) +
+         uint32_t(a >= 1.75f) + uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
+}
+DSV4_HD float e2m1_grid(uint32_t index) {
+  // index / 2 below 4, then 3, 4, 6: the e2m1 magnitudes
+  return index < 4u ? 0.5f * float(index) : index == 4u ? 2.0f : index == 5u ? 3.0f
+                                                          : index == 6u ? 4.0f : 6.0f;
+}
+// The value of an e4m3fn byte of a finite positive number.
+DSV4_HD float e4m3_value(uint8_t b) {
+  const uint32_t exp = (b >> 3) & 15u, mant = b & 7u;
+  if (exp == 0u) return float(mant) * kE4m3ScaleMin;
+  return bits_f32(((exp + 120u) << 23) | (mant << 20));
+}
+// ue8m0_ceil(y) for a positive normal y: its biased exponent, plus one if the mantissa is not
+// zero (the exponent byte of the smallest power of two >= y).
+DSV4_HD uint32_t ue8m0_ceil_byte(float y) {
+  const uint32_t u = f32_bits(y);
+  const uint32_t e = u >> 23;
+  return e >= 0xffu ? 0xffu : e + ((u & 0x7fffffu) != 0u ? 1u : 0u);
+}
+
+// ---- fp4 fake quantisation of a ratio-1/2 rotated row (contract V4.1 1.6) --------------------
+
+// Scale of a 16-dim block: e4m3_rne(clamp(amax * fp32(1/6), 2^-9, 448)), as a float.
+DSV4_HD float fake_quant_scale(float amax) {
+  float s = amax * kOneSixth;
+  s = s > kE4m3ScaleMin ? s : kE4m3ScaleMin;
+  s = s < kE4m3Max ? s : kE4m3Max;
+  return e4m3_value(f32_to_e4m3_satfinite(s));
+}
+// v on the e2m1 x scale grid: t = v / s + 0 (IEEE; -0 becomes +0), a negative t that rounds to
+// magnitude 0 gives -0.
+DSV4_HD float fake_quant_value(float v, float s) {
+  const float t = v / s + 0.0f;
+  const float m = e2m1_grid(e2m1_rne_index(fabsf(t)));
+  return (t < 0.0f ? -m : m) * s;
+}
+
+// ---- V41 row encodings (contract V4.1 3.2 - 3.4) ---------------------------------------------
+
+// V41 (fp8, one UE8M0 per 32 dims): ue8m0_ceil(max(amax / 448, 1e-4)). Below 2^-6 the quotient
+// is under 2^-13 and the floor byte 114 applies; above, ue8m0_ceil_quotient gives the exponent
+// of fl(amax / 448) rounded up.
+DSV4_HD uint8_t v41_exponent(float amax) {
+  if (!(amax >= 0.015625f)) return kV41MinExponent;
+  const uint8_t e = ue8m0_ceil_quotient(amax, 8, 0x600000u);
+  return e > kV41MinExponent ? e : kV41MinExponent;
+}
+// e4m3_rne(x * 2^(127 - e)) with inv = ue8m0_inv_scale(e): never saturates, -0 gives 0x80.
+DSV4_HD uint8_t v41_code(float x, float inv) { return f32_to_e4m3_satfinite(x * inv); }
+
+// V41_FP4 (e2m1, one e4m3 scale per 16 dims): e4m3_rne(clamp(amax / 6, 2^-9, 448)), IEEE
+// division (unlike the fake quant's multiplier).
+DSV4_HD uint8_t v41_fp4_scale_byte(float amax) {
+  float s = amax / kE2m1Max;
+  s = s > kE4m3ScaleMin ? s : kE4m3ScaleMin;
+  s = s < kE4m3Max ? s : kE4m3Max;
+  return f32_to_e4m3_satfinite(s);
+}
+// e2m1_rne_satfinite(x / scale), the sign bit kept for every negative x (-0 included: 0x8).
+DSV4_HD uint8_t v41_fp4_code(float x, float scale) {
+  return uint8_t(e2m1_rne_index(fabsf(x / scale)) | ((f32_bits(x) >> 31) << 3));
+}
+
+// UNIFORM_FP8: e4m3_satfinite(x), unit scale.
+DSV4_HD uint8_t uniform_fp8_code(float x) { return f32_to_e4m3_satfinite(x); }
+
+// ---- low-ratio index-K (contract V4.1 1.8) -------------------------------------------------
+
+// Stage 1 (fake quant per 32 dims): 2^ceil(log2(max(amax, 6 * 2^-126) * fp32(1/6))).
+DSV4_HD float index_k_stage1_scale(float amax) {
+  const float y = (amax > kIndexKAmaxFloor ? amax : kIndexKAmaxFloor) * kOneSixth;
+  return bits_f32(ue8m0_ceil_byte(y) << 23);
+}
+// e2m1_rne(clamp(k / sc, +-6)) * sc, signed (a negative k / sc rounding to 0 gives -0).
+DSV4_HD float index_k_stage1_value(float k, float sc) {
+  const float t = k / sc;
+  const float m = e2m1_grid(e2m1_rne_index(fabsf(t)));
+  return (t < 0.0f ? -m : m) * sc;
+}
+// Stage 2 (the packer) exponent of 32 stage-1 values: clamp(ue8m0_ceil(max(amax / 6, 1e-4)),
+// 1, 254), IEEE division, the floor after it.
+DSV4_HD uint8_t index_k_exponent(float amax_q) {
+  float y = amax_q / kE2m1Max;
+  y = y > kScaleFloor ? y : kScaleFloor;
+  const uint32_t e = ue8m0_ceil_byte(y);
+  return uint8_t(e < 1u ? 1u : e > 254u ? 254u : e);
+}
+// e2m1_rne(q * 2^(127 - e)) with inv = ue8m0_inv_scale(e); the sign bit only on a non-zero
+// magnitude (no 0x8 code).
+DSV4_HD uint8_t index_k_code(float q, float inv) {
+  const float t = q * inv;
+  const uint32_t idx = e2m1_rne_index(fabsf(t));
+  return uint8_t(idx | ((t < 0.0f && idx != 0u) ? 8u : 0u));
+}
+
+}  // namespace dsv4
