@@ -36,10 +36,12 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   const int64_t pos = load_index(a.positions, a.pos64, t);
   const int64_t loc = load_index(a.out_loc, a.loc64, t);
   RowValues x, w, lat;
+  float f[4];
   load_bf16_row(a.kv + t * kLowRatioHeadDim, lane, a.vec_kv, x);
   load_weight(a.out.norm_weight, a.out.w_bf16, lane, a.out.vec_w, w);
+  const bool rope_ok = load_rope_at(a.out, pos, lane, f);
   latent_row(x, w, a.out.eps, lat);
-  publish_latent<kEncoding>(a.out, t, lane, lat, loc, pos);
+  publish_latent<kEncoding>(a.out, t, lane, lat, loc, rope_ok, f);
 }
 
 }  // namespace dsv4

@@ -47,9 +47,10 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   const int64_t raw = load_index(a.raw_out_loc, a.loc64, t);
   const int64_t pos = load_index(a.positions, a.pos64, t);
   const int64_t rid = load_index(a.req, a.req64, t);
-  if (raw <= 0) return;
+  // The row's own inputs go out with its indices (a padded row's are in bounds and unused).
   PairRow own;
   load_pair_row(a.kv_score + t * kPairRowWidth, lane, a.vec_in, own);
+  if (raw <= 0) return;
   if (pos % 2 == 0) {
     float* dst = ring_row(a.state, a.state_rows, a.ring, rid, pos);
     if (dst != nullptr) store_pair_row(dst, lane, a.vec_state, own);
@@ -60,11 +61,13 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
                               : ring_row(a.state, a.state_rows, a.ring, rid, pos - 1);
   if (src == nullptr) return;
   RowValues w, lat;
-  load_weight(a.out.norm_weight, a.out.w_bf16, lane, a.out.vec_w, w);
+  float f[4];
   PairRow partner;
   load_pair_row(src, lane, in_block ? a.vec_in : a.vec_state, partner);
+  load_weight(a.out.norm_weight, a.out.w_bf16, lane, a.out.vec_w, w);
+  const bool rope_ok = load_rope_at(a.out, pos - 1, lane, f);
   pooled_latent(partner, own, w, a.out.eps, lat);
-  publish_latent<kEncoding>(a.out, t, lane, lat, raw >> 1, pos - 1);
+  publish_latent<kEncoding>(a.out, t, lane, lat, raw >> 1, rope_ok, f);
 }
 
 }  // namespace dsv4

@@ -39,8 +39,9 @@ struct C2PrefillKernelArgs {
 
 namespace low_ratio {
 
-// The first row of the lowest request i whose range [start_i, start_i + len_i) holds row t, or
-// -1 (zero-length requests hold none). The group scans 32 requests a step.
+// The first row of the lowest request i whose range [start_i, start_i + len_i) holds row t
+// (clipped to row 0), or -1 (zero-length requests hold none). The group scans 32 requests a
+// step.
 DSV4_DEVICE int64_t request_start_of(const int32_t* start, const int32_t* lens, int64_t num_reqs,
                                      int64_t t, int lane) {
   for (int64_t base = 0; base < num_reqs; base += kLaneGroup) {
@@ -53,7 +54,10 @@ DSV4_DEVICE int64_t request_start_of(const int32_t* start, const int32_t* lens, 
       hit = n > 0 && s <= t && t < s + n;
     }
     const uint32_t m = group_ballot(hit);
-    if (m != 0u) return shfl_idx(s, __ffs(int(m)) - 1);
+    if (m != 0u) {
+      const int64_t first = shfl_idx(s, __ffs(int(m)) - 1);
+      return first > 0 ? first : 0;
+    }
   }
   return -1;
 }
@@ -86,15 +90,18 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   if (src == nullptr) return;
   PairRow own, partner;
   RowValues w, lat;
+  float f[4];
   load_pair_row(a.kv_score + t * kPairRowWidth, lane, a.vec_in, own);
   load_pair_row(src, lane, in_batch ? a.vec_in : a.vec_state, partner);
   load_weight(a.out.norm_weight, a.out.w_bf16, lane, a.out.vec_w, w);
+  const bool rope_ok = load_rope_at(a.out, pos - 1, lane, f);
   pooled_latent(partner, own, w, a.out.eps, lat);
-  publish_latent<kEncoding>(a.out, t, lane, lat, raw >> 1, pos - 1);
+  publish_latent<kEncoding>(a.out, t, lane, lat, raw >> 1, rope_ok, f);
 }
 
 // Block b: request b / park_blocks; its lane group r of the request's rows (counting the
-// request's blocks): the r-th of its last min(len, ring) rows.
+// request's blocks): the r-th of the last min(len, ring) rows of its range clipped to the
+// input rows.
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_prefill_park_kernel(C2PrefillKernelArgs a) {
   using namespace low_ratio;
@@ -104,11 +111,13 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
                     threadIdx.x / kLaneGroup;
   pdl_wait();
   pdl_trigger();
-  const int64_t len = a.extend_lens[i];
-  const int64_t kept = len < a.ring ? len : a.ring;
+  const int64_t s = a.extend_start[i], len = a.extend_lens[i];
+  const int64_t begin = s < 0 ? 0 : s > a.n_rows ? a.n_rows : s;
+  const int64_t e = len > 0 ? s + len : s;
+  const int64_t end = e < begin ? begin : e > a.n_rows ? a.n_rows : e;
+  const int64_t kept = end - begin < a.ring ? end - begin : a.ring;
   if (r >= kept) return;
-  const int64_t t = int64_t(a.extend_start[i]) + len - kept + r;
-  if (t < 0 || t >= a.n_rows) return;
+  const int64_t t = end - kept + r;
   if (load_index(a.raw_out_loc, a.loc64, t) == 0) return;  // padded: skipped, not replaced
   float* dst = ring_row(a.state, a.state_rows, a.ring, load_index(a.req, a.req64, t),
                         load_index(a.positions, a.pos64, t));

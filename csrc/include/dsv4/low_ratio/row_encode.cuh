@@ -313,19 +313,26 @@ struct LatentOutputs {
   bool vec_latent;  // latent 8-byte aligned
 };
 
-// Row t's latent, then its cache row at `loc` with RoPE position p where loc > 0, the page lies
-// in the cache and 0 <= p < max_pos (contract V4.1 2.3, 2.4). Uniform over the lane group.
+// The (cos, sin) pairs of RoPE position p, loaded (with the row's other inputs) only when p is
+// inside freqs; false: the row stores no cache row.
+DSV4_DEVICE bool load_rope_at(const LatentOutputs& o, int64_t p, int lane, float (&f)[4]) {
+  const bool in_table = p >= 0 && p < o.max_pos;
+  if (in_table) load_rope_pairs(o.freqs + p * kRopeDim, lane, o.vec_freqs, f);
+  return in_table;
+}
+
+// Row t's latent, then its cache row at `loc` with the RoPE pairs f (of load_rope_at) where
+// loc > 0, the page lies in the cache and f's position is inside freqs (`rope_ok`) (contract
+// V4.1 2.3, 2.4). Uniform over the lane group.
 template <int kEncoding>
 DSV4_DEVICE void publish_latent(const LatentOutputs& o, int64_t t, int lane, RowValues& lat,
-                                int64_t loc, int64_t p) {
+                                int64_t loc, bool rope_ok, const float (&f)[4]) {
   store_bf16_row(o.latent + t * kLowRatioHeadDim, lane, o.vec_latent, lat);
-  if (loc <= 0 || p < 0 || p >= o.max_pos) return;
+  if (loc <= 0 || !rope_ok) return;
   RowDestination d;
   if (!row_destination(o.cache, loc, o.layout, o.log2_page_size, o.page_size, o.num_pages,
                        o.page_bytes, &d))
     return;
-  float f[4];
-  load_rope_pairs(o.freqs + p * kRopeDim, lane, o.vec_freqs, f);
   store_latent_row<kEncoding>(lat, f, lane, d, o.vec_out);
 }
 
