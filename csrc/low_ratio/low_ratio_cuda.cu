@@ -14,8 +14,6 @@
 namespace dsv4 {
 namespace {
 
-bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
-
 uint8_t* cache_bytes(at::Tensor& cache) { return static_cast<uint8_t*>(cache.data_ptr()); }
 
 // One 32-lane group per row. Whole 64-thread multiples (AMD wavefronts), at most 256 threads;
@@ -57,6 +55,27 @@ low_ratio::LatentOutputs latent_outputs(const LowRatioGeometry& g, const at::Ten
   o.vec_out = aligned(o.cache, 8) && g.page_bytes % 8 == 0;
   o.vec_latent = aligned(o.latent, 8);
   return o;
+}
+
+// The ratio-2 inputs and the pair-state ring of the c2 kernels.
+low_ratio::PairInputs pair_inputs(const LowRatioGeometry& g, const at::Tensor& kv_score,
+                                  at::Tensor& state, const at::Tensor& positions,
+                                  const at::Tensor& req, const at::Tensor& raw_out_loc) {
+  low_ratio::PairInputs in;
+  in.kv_score = kv_score.data_ptr<float>();
+  in.state = state.data_ptr<float>();
+  in.positions = positions.data_ptr();
+  in.req = req.data_ptr();
+  in.raw_out_loc = raw_out_loc.data_ptr();
+  in.n_rows = g.n_rows;
+  in.state_rows = g.state_rows;
+  in.ring = g.ring_size;
+  in.pos64 = g.pos64;
+  in.req64 = g.req64;
+  in.loc64 = g.loc64;
+  in.vec_in = aligned(in.kv_score, 16);
+  in.vec_state = aligned(in.state, 16);
+  return in;
 }
 
 // kernel<layout_encoding(layout)>: the interleaved layouts run their block-split twin's
@@ -139,20 +158,8 @@ void c2_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& state,
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
   C2KernelArgs a;
   a.out = latent_outputs(g, norm_weight, eps, freqs, kvcache, latent);
-  a.kv_score = kv_score.data_ptr<float>();
-  a.state = state.data_ptr<float>();
-  a.positions = positions.data_ptr();
-  a.req = req.data_ptr();
-  a.raw_out_loc = raw_out_loc.data_ptr();
-  a.n_rows = g.n_rows;
-  a.state_rows = g.state_rows;
-  a.ring = g.ring_size;
+  a.in = pair_inputs(g, kv_score, state, positions, req, raw_out_loc);
   a.draft_len = g.draft_len;
-  a.pos64 = g.pos64;
-  a.req64 = g.req64;
-  a.loc64 = g.loc64;
-  a.vec_in = aligned(a.kv_score, 16);
-  a.vec_state = aligned(a.state, 16);
   const LaunchEnv env = launch_env(kvcache);
   launch_for_encoding<C2Kernels>(g.layout, row_launch(g.n_rows, env, kC2Op, "kv_score"), env, a);
   DSV4_CHECK_LAUNCH();
@@ -173,22 +180,10 @@ void c2_prefill_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& sta
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
   C2PrefillKernelArgs a;
   a.out = latent_outputs(g, norm_weight, eps, freqs, kvcache, latent);
-  a.kv_score = kv_score.data_ptr<float>();
-  a.state = state.data_ptr<float>();
-  a.positions = positions.data_ptr();
-  a.req = req.data_ptr();
-  a.raw_out_loc = raw_out_loc.data_ptr();
+  a.in = pair_inputs(g, kv_score, state, positions, req, raw_out_loc);
   a.extend_start = extend_start_loc.data_ptr<int32_t>();
   a.extend_lens = extend_seq_lens.data_ptr<int32_t>();
-  a.n_rows = g.n_rows;
-  a.state_rows = g.state_rows;
-  a.ring = g.ring_size;
   a.num_reqs = g.num_reqs;
-  a.pos64 = g.pos64;
-  a.req64 = g.req64;
-  a.loc64 = g.loc64;
-  a.vec_in = aligned(a.kv_score, 16);
-  a.vec_state = aligned(a.state, 16);
   const LaunchEnv env = launch_env(kvcache);
   // Pass 1 over every row; pass 2 after it, over each request's last min(len, ring) rows
   // (at most min(ring, n_rows)).

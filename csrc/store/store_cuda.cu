@@ -26,8 +26,6 @@ bool stale_plan_requested() {
   return requested;
 }
 
-bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
-
 template <int kFormat, typename KvT>
 void launch_store(const StoreKernelArgs& a, const LaunchEnv& env) {
   // Whole 64-thread multiples (AMD wavefronts), at most kStoreMaxBlockThreads; fewer when

@@ -28,8 +28,8 @@ template <int kEncoding>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c1_norm_rope_store_kernel(C1KernelArgs a) {
   using namespace low_ratio;
-  const int lane = int(threadIdx.x) % kLaneGroup;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+  int lane;
+  const int64_t t = group_row(&lane);
   pdl_wait();
   pdl_trigger();
   if (t >= a.n_rows) return;

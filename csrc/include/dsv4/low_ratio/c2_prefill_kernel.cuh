@@ -18,23 +18,11 @@ namespace dsv4 {
 
 struct C2PrefillKernelArgs {
   low_ratio::LatentOutputs out;  // unused by the park kernel
-  const float* kv_score;         // [n_rows, 1024] kv | score
-  float* state;                  // [state_rows, 1024]
-  const void* positions;         // [n_rows] int32 (pos64 false) or int64
-  const void* req;               // [n_rows] int32 (req64 false) or int64
-  const void* raw_out_loc;       // [n_rows] int32 (loc64 false) or int64
+  low_ratio::PairInputs in;
   const int32_t* extend_start;   // [num_reqs]
   const int32_t* extend_lens;    // [num_reqs]
-  int64_t n_rows;
-  int64_t state_rows;
-  int64_t ring;
   int64_t num_reqs;
   int64_t park_blocks;  // park kernel blocks per request (rows per block * park_blocks >= ring)
-  bool pos64;
-  bool req64;
-  bool loc64;
-  bool vec_in;     // kv_score 16-byte aligned
-  bool vec_state;  // state 16-byte aligned
 };
 
 namespace low_ratio {
@@ -68,35 +56,24 @@ template <int kEncoding>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_prefill_pool_kernel(C2PrefillKernelArgs a) {
   using namespace low_ratio;
-  const int lane = int(threadIdx.x) % kLaneGroup;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+  const PairInputs& in = a.in;
+  int lane;
+  const int64_t t = group_row(&lane);
   pdl_wait();
   pdl_trigger();
-  if (t >= a.n_rows) return;
-  const int64_t raw = load_index(a.raw_out_loc, a.loc64, t);
-  const int64_t pos = load_index(a.positions, a.pos64, t);
-  const int64_t rid = load_index(a.req, a.req64, t);
+  if (t >= in.n_rows) return;
+  const int64_t raw = in.raw(t), pos = in.pos(t), rid = in.rid(t);
   if (raw == 0 || pos % 2 == 0) return;  // padded and even rows write nothing in pass 1
   const int64_t first = request_start_of(a.extend_start, a.extend_lens, a.num_reqs, t, lane);
   if (first < 0) return;  // outside every request's range
-  bool in_batch = false;
-  if (t - 1 >= first) {
-    in_batch = load_index(a.req, a.req64, t - 1) == rid &&
-               load_index(a.positions, a.pos64, t - 1) == pos - 1 &&
-               load_index(a.raw_out_loc, a.loc64, t - 1) != 0;
-  }
-  const float* src = in_batch ? a.kv_score + (t - 1) * kPairRowWidth
-                              : ring_row(a.state, a.state_rows, a.ring, rid, pos - 1);
-  if (src == nullptr) return;
-  PairRow own, partner;
-  RowValues w, lat;
-  float f[4];
-  load_pair_row(a.kv_score + t * kPairRowWidth, lane, a.vec_in, own);
-  load_pair_row(src, lane, in_batch ? a.vec_in : a.vec_state, partner);
-  load_weight(a.out.norm_weight, a.out.w_bf16, lane, a.out.vec_w, w);
-  const bool rope_ok = load_rope_at(a.out, pos - 1, lane, f);
-  pooled_latent(partner, own, w, a.out.eps, lat);
-  publish_latent<kEncoding>(a.out, t, lane, lat, raw >> 1, rope_ok, f);
+  const bool in_batch =
+      t - 1 >= first && in.rid(t - 1) == rid && in.pos(t - 1) == pos - 1 && in.raw(t - 1) != 0;
+  const float* partner = in_batch ? in.row(t - 1) : in.ring_row(rid, pos - 1);
+  if (partner == nullptr) return;
+  PairRow own;
+  load_pair_row(in.row(t), lane, in.vec_in, own);
+  close_pair<kEncoding>(a.out, t, lane, own, partner, in_batch ? in.vec_in : in.vec_state, raw,
+                        pos);
 }
 
 // Block b: request b / park_blocks; its lane group r of the request's rows (counting the
@@ -105,6 +82,7 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_prefill_park_kernel(C2PrefillKernelArgs a) {
   using namespace low_ratio;
+  const PairInputs& in = a.in;
   const int lane = int(threadIdx.x) % kLaneGroup;
   const int64_t i = int64_t(blockIdx.x) / a.park_blocks;
   const int64_t r = (int64_t(blockIdx.x) % a.park_blocks) * (blockDim.x / kLaneGroup) +
@@ -112,19 +90,16 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   pdl_wait();
   pdl_trigger();
   const int64_t s = a.extend_start[i], len = a.extend_lens[i];
-  const int64_t begin = s < 0 ? 0 : s > a.n_rows ? a.n_rows : s;
+  const int64_t begin = s < 0 ? 0 : s > in.n_rows ? in.n_rows : s;
   const int64_t e = len > 0 ? s + len : s;
-  const int64_t end = e < begin ? begin : e > a.n_rows ? a.n_rows : e;
-  const int64_t kept = end - begin < a.ring ? end - begin : a.ring;
+  const int64_t end = e < begin ? begin : e > in.n_rows ? in.n_rows : e;
+  const int64_t kept = end - begin < in.ring ? end - begin : in.ring;
   if (r >= kept) return;
   const int64_t t = end - kept + r;
-  if (load_index(a.raw_out_loc, a.loc64, t) == 0) return;  // padded: skipped, not replaced
-  float* dst = ring_row(a.state, a.state_rows, a.ring, load_index(a.req, a.req64, t),
-                        load_index(a.positions, a.pos64, t));
-  if (dst == nullptr) return;
+  if (in.raw(t) == 0) return;  // padded: skipped, not replaced
   PairRow row;
-  load_pair_row(a.kv_score + t * kPairRowWidth, lane, a.vec_in, row);
-  store_pair_row(dst, lane, a.vec_state, row);
+  load_pair_row(in.row(t), lane, in.vec_in, row);
+  in.park(in.rid(t), in.pos(t), lane, row);
 }
 
 }  // namespace dsv4

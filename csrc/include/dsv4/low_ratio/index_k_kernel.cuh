@@ -40,8 +40,8 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   using namespace low_ratio;
   using namespace store_detail;
   constexpr int kLanes = kIndexKBlock / 4;  // lanes per scale
-  const int lane = int(threadIdx.x) % kLaneGroup;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+  int lane;
+  const int64_t t = group_row(&lane);
   pdl_wait();
   pdl_trigger();
   if (t >= a.n_rows) return;

@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     kv_store_kernel(KvStoreKernelArgs a) {
   using namespace low_ratio;
   constexpr bool kBf16 = sizeof(XT) == 2;
-  const int lane = int(threadIdx.x) % kLaneGroup;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+  int lane;
+  const int64_t t = group_row(&lane);
   pdl_wait();
   pdl_trigger();
   if (t >= a.n_rows) return;

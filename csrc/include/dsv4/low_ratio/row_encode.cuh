@@ -27,6 +27,12 @@ using RowValues = float[kRowChunks][4];
 DSV4_DEVICE bool rope_lane(int lane) { return lane >= kLaneGroup / 2; }
 DSV4_DEVICE int rope_offset(int lane) { return 4 * (lane - kLaneGroup / 2); }
 
+// The calling thread's lane and the row of its lane group (blockDim.x / 32 rows a block).
+DSV4_DEVICE int64_t group_row(int* lane) {
+  *lane = int(threadIdx.x) % kLaneGroup;
+  return int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+}
+
 // An index tensor's element i (int32 or int64).
 DSV4_DEVICE int64_t load_index(const void* p, bool i64, int64_t i) {
   return i64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
@@ -97,14 +103,20 @@ DSV4_DEVICE void rope_tail(RowValues& v, const float (&f)[4], int lane, bool rou
   }
 }
 
-// The fp4 fake quant of the fp8-style layouts (contract V4.1 1.6): 16-dim blocks = 4 lanes of a
-// chunk, all four chunks' amaxes reduced together.
-DSV4_DEVICE void fake_quant_row(RowValues& v) {
+// am[j]: max |v| over the tile of kLanes lanes (4 kLanes dims) that holds chunk j's values,
+// the four chunks' reductions interleaved.
+template <int kLanes>
+DSV4_DEVICE void tile_amaxes(const RowValues& v, float (&am)[kRowChunks]) {
   using namespace store_detail;
-  float am[kRowChunks];
 #pragma unroll
   for (int j = 0; j < kRowChunks; ++j) am[j] = abs_max4(v[j]);
-  subgroup_max<kFakeQuantBlock / 4>(am);
+  subgroup_max<kLanes>(am);
+}
+
+// The fp4 fake quant of the fp8-style layouts (contract V4.1 1.6): 16-dim blocks = 4 lanes.
+DSV4_DEVICE void fake_quant_row(RowValues& v) {
+  float am[kRowChunks];
+  tile_amaxes<kFakeQuantBlock / 4>(v, am);
 #pragma unroll
   for (int j = 0; j < kRowChunks; ++j) {
     const float s = fake_quant_scale(am[j]);
@@ -158,9 +170,7 @@ DSV4_DEVICE void encode_store_row(const RowValues& q, int lane, const RowDestina
   if constexpr (kEncoding == kLayoutV4) {
     float am[kRowChunks];
     uint32_t lo[kRowChunks], hi[kRowChunks], ex[kRowChunks];
-#pragma unroll
-    for (int j = 0; j < kRowChunks; ++j) am[j] = abs_max4(q[j]);
-    subgroup_max<kDsMlaGroup / 4>(am);
+    tile_amaxes<kDsMlaGroup / 4>(q, am);
     const auto is_rope = [&](int j) { return 2 * j + lane / 16 >= kDsMlaNopeDim / kDsMlaGroup; };
 #pragma unroll
     for (int j = 0; j < kRowChunks; ++j) {
@@ -191,9 +201,7 @@ DSV4_DEVICE void encode_store_row(const RowValues& q, int lane, const RowDestina
     constexpr int kLanes = 32 / 4;
     float am[kRowChunks];
     uint32_t ex[kRowChunks];
-#pragma unroll
-    for (int j = 0; j < kRowChunks; ++j) am[j] = abs_max4(q[j]);
-    subgroup_max<kLanes>(am);
+    tile_amaxes<kLanes>(q, am);
 #pragma unroll
     for (int j = 0; j < kRowChunks; ++j) {
       ex[j] = v41_exponent(am[j]);
@@ -208,9 +216,7 @@ DSV4_DEVICE void encode_store_row(const RowValues& q, int lane, const RowDestina
     constexpr int kLanes = 16 / 4;
     float am[kRowChunks];
     uint32_t sb[kRowChunks];
-#pragma unroll
-    for (int j = 0; j < kRowChunks; ++j) am[j] = abs_max4(q[j]);
-    subgroup_max<kLanes>(am);
+    tile_amaxes<kLanes>(q, am);
 #pragma unroll
     for (int j = 0; j < kRowChunks; ++j) {
       sb[j] = v41_fp4_scale_byte(am[j]);
@@ -270,14 +276,39 @@ DSV4_DEVICE void store_pair_row(float* row, int lane, bool vec, const PairRow& r
   }
 }
 
-// The state row of slot(rid, p) = rid * ring + (p mod ring), or null when it lies outside the
-// state (rid < 0 or past its rows).
-DSV4_DEVICE float* ring_row(float* state, int64_t state_rows, int64_t ring, int64_t rid,
-                            int64_t p) {
-  if (rid < 0) return nullptr;
-  const int64_t slot = rid * ring + ((p % ring) + ring) % ring;
-  return slot < state_rows ? state + slot * kPairRowWidth : nullptr;
-}
+// The ratio-2 inputs and pair-state ring of the c2 kernels (decode / verify and prefill).
+struct PairInputs {
+  const float* kv_score;    // [n_rows, 1024] kv | score
+  float* state;             // [state_rows, 1024]
+  const void* positions;    // [n_rows] int32 (pos64 false) or int64
+  const void* req;          // [n_rows] int32 (req64 false) or int64
+  const void* raw_out_loc;  // [n_rows] int32 (loc64 false) or int64
+  int64_t n_rows;
+  int64_t state_rows;
+  int64_t ring;
+  bool pos64;
+  bool req64;
+  bool loc64;
+  bool vec_in;     // kv_score 16-byte aligned
+  bool vec_state;  // state 16-byte aligned
+
+  DSV4_DEVICE int64_t pos(int64_t t) const { return load_index(positions, pos64, t); }
+  DSV4_DEVICE int64_t rid(int64_t t) const { return load_index(req, req64, t); }
+  DSV4_DEVICE int64_t raw(int64_t t) const { return load_index(raw_out_loc, loc64, t); }
+  DSV4_DEVICE const float* row(int64_t t) const { return kv_score + t * kPairRowWidth; }
+  // The state row of slot(rid, p) = rid * ring + (p mod ring), or null when it lies outside
+  // the state (rid < 0 or past its rows).
+  DSV4_DEVICE float* ring_row(int64_t r, int64_t p) const {
+    if (r < 0) return nullptr;
+    const int64_t slot = r * ring + ((p % ring) + ring) % ring;
+    return slot < state_rows ? state + slot * kPairRowWidth : nullptr;
+  }
+  // An input row's values, bitwise, to state[slot(r, p)] (nothing outside the state).
+  DSV4_DEVICE void park(int64_t r, int64_t p, int lane, const PairRow& values) const {
+    float* dst = ring_row(r, p);
+    if (dst != nullptr) store_pair_row(dst, lane, vec_state, values);
+  }
+};
 
 // The latent of the odd row of a ratio-2 pair (contract V4.1 1.2, 1.4): of
 // x = bf16(pair_pool(partner, own)).
@@ -334,6 +365,23 @@ DSV4_DEVICE void publish_latent(const LatentOutputs& o, int64_t t, int lane, Row
                        o.page_bytes, &d))
     return;
   store_latent_row<kEncoding>(lat, f, lane, d, o.vec_out);
+}
+
+// The odd row t of a ratio-2 pair (its own row `own`, its partner at `partner_row`): pooled,
+// its latent row written, its cache row at raw_out_loc >> 1 with RoPE at pos - 1 (contract
+// V4.1 1.2 - 1.7).
+template <int kEncoding>
+DSV4_DEVICE void close_pair(const LatentOutputs& o, int64_t t, int lane, const PairRow& own,
+                            const float* partner_row, bool vec_partner, int64_t raw,
+                            int64_t pos) {
+  PairRow partner;
+  RowValues w, lat;
+  float f[4];
+  load_pair_row(partner_row, lane, vec_partner, partner);
+  load_weight(o.norm_weight, o.w_bf16, lane, o.vec_w, w);
+  const bool rope_ok = load_rope_at(o, pos - 1, lane, f);
+  pooled_latent(partner, own, w, o.eps, lat);
+  publish_latent<kEncoding>(o, t, lane, lat, raw >> 1, rope_ok, f);
 }
 
 }  // namespace low_ratio
