@@ -42,6 +42,9 @@ inline LaunchEnv launch_env(const at::Tensor& t) {
   return env;
 }
 
+// Whether p is n-byte aligned (the kernels' vector-access flags).
+inline bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
 }  // namespace dsv4
 
 #define DSV4_CHECK_LAUNCH() C10_CUDA_KERNEL_LAUNCH_CHECK()

@@ -25,7 +25,9 @@ lib = glob.glob(f"{sys.argv[1]}/dsv4_ops/_C*.so")
 assert lib, "no library built"
 torch.ops.load_library(lib[0])
 ops = ["plan_decode", "plan_decode_legacy", "plan_online_decode", "plan_prefill",
-       "plan_prefill_legacy", "plan_online_prefill", "compress_forward", "compress_norm_rope_store"]
+       "plan_prefill_legacy", "plan_online_prefill", "compress_forward", "compress_norm_rope_store",
+       "c1_norm_rope_store", "c2_norm_rope_store", "c2_prefill_norm_rope_store",
+       "low_ratio_index_k_store", "kv_store"]
 missing = [(op, key) for op in ops for key in ("CPU", "CUDA")
            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{op}", key)]
 if missing:

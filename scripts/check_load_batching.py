@@ -132,8 +132,9 @@ def main() -> int:
     for name, ins, lines in functions(cuobjdump, path):
         m = re.search(r"compress_norm_rope_store_kernelILi(\d)E", name)
         if m:
-            # Formats 0 (fp8_ds_mla) and 1 (bf16) have head_dim 512, the indexers 128.
-            need = 3 + 2 * (4 if int(m.group(1)) < 2 else 1)
+            # Formats 0 (fp8_ds_mla), 1 (bf16) and 4.. (fp8_ds_mla rows in a V4.1 layout,
+            # store_layout_format) have head_dim 512, the indexers (2, 3) 128.
+            need = 3 + 2 * (1 if int(m.group(1)) in (2, 3) else 4)
             issued, err = store_round(lines)
             stores += 1
             if err or issued < need:

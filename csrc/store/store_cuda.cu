@@ -1,5 +1,6 @@
 // compress_norm_rope_store, CUDA/HIP glue: checks, device guard, current stream, launch of
-// compress_norm_rope_store_kernel<format, kv type> (csrc/include/dsv4/store/store_kernel.cuh).
+// compress_norm_rope_store_kernel<format, kv type> (csrc/include/dsv4/store/store_kernel.cuh;
+// fp8_ds_mla into a V4.1 layout: format store_layout_format(layout)).
 // No host sync and no host allocation: safe inside CUDA-graph capture.
 #include <torch/library.h>
 
@@ -25,8 +26,6 @@ bool stale_plan_requested() {
   return requested;
 }
 
-bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
-
 template <int kFormat, typename KvT>
 void launch_store(const StoreKernelArgs& a, const LaunchEnv& env) {
   // Whole 64-thread multiples (AMD wavefronts), at most kStoreMaxBlockThreads; fewer when
@@ -48,7 +47,16 @@ void launch_for_format(int format, const StoreKernelArgs& a, const LaunchEnv& en
     case kStoreFp8DsMla: return launch_store<kStoreFp8DsMla, KvT>(a, env);
     case kStoreBf16: return launch_store<kStoreBf16, KvT>(a, env);
     case kStoreFp8Indexer: return launch_store<kStoreFp8Indexer, KvT>(a, env);
-    default: return launch_store<kStoreFp4Indexer, KvT>(a, env);
+    case kStoreFp4Indexer: return launch_store<kStoreFp4Indexer, KvT>(a, env);
+    case store_layout_format(kLayoutV41):
+      return launch_store<store_layout_format(kLayoutV41), KvT>(a, env);
+    case store_layout_format(kLayoutV41Fp4):
+      return launch_store<store_layout_format(kLayoutV41Fp4), KvT>(a, env);
+    case store_layout_format(kLayoutUniformFp8):
+      return launch_store<store_layout_format(kLayoutUniformFp8), KvT>(a, env);
+    case store_layout_format(kLayoutV41New):
+      return launch_store<store_layout_format(kLayoutV41New), KvT>(a, env);
+    default: return launch_store<store_layout_format(kLayoutV41Fp4New), KvT>(a, env);
   }
 }
 
@@ -60,8 +68,6 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   const StoreGeometry g = check_store_args(kv, plan, norm_weight, freqs, out_loc, kvcache,
                                            compress_ratio, page_size, store_format, layout,
                                            at::kCUDA);
-  DSV4_CHECK(g.layout == kLayoutV4, kStoreOp, "layout", kv_layout_name(g.layout),
-             " is not supported by the CUDA/HIP kernel of this build");
   check_store_eps(eps);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
@@ -72,7 +78,7 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   a.norm_weight = norm_weight.data_ptr();
   a.freqs = freqs.data_ptr<float>();
   a.out_loc = out_loc.data_ptr();
-  a.cache = kvcache.data_ptr<uint8_t>();
+  a.cache = static_cast<uint8_t*>(kvcache.data_ptr());  // uint8 or float8_e4m3fn (V4.1 layouts)
   a.n_rows = g.n_rows;
   a.num_out_loc = g.num_out_loc;
   a.max_pos = g.max_pos;
@@ -95,11 +101,13 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
              "needs a test build of dsv4_ops (built with DSV4_OPS_TEST_HOOKS=1, see setup.py)");
 #endif
 
+  // A non-v4 layout is fp8_ds_mla's (checked): its rows in the layout's encoding.
+  const int format = g.layout == kLayoutV4 ? g.format : store_layout_format(g.layout);
   const LaunchEnv env = launch_env(kvcache);
   if (kv.scalar_type() == at::kBFloat16)
-    launch_for_format<uint16_t>(g.format, a, env);
+    launch_for_format<uint16_t>(format, a, env);
   else
-    launch_for_format<float>(g.format, a, env);
+    launch_for_format<float>(format, a, env);
   DSV4_CHECK_LAUNCH();
 }
 

@@ -1,4 +1,5 @@
-// HIP compile check: every compress_norm_rope_store kernel instantiation (4 formats x kv dtype).
+// HIP compile check: every compress_norm_rope_store kernel instantiation (4 formats and the
+// 5 V4.1 layouts x kv dtype).
 #include "../include/dsv4/store/store_kernel.cuh"
 
 namespace dsv4 {
@@ -9,4 +10,9 @@ DSV4_STORE_INSTANCES(kStoreFp8DsMla)
 DSV4_STORE_INSTANCES(kStoreBf16)
 DSV4_STORE_INSTANCES(kStoreFp8Indexer)
 DSV4_STORE_INSTANCES(kStoreFp4Indexer)
+DSV4_STORE_INSTANCES(store_layout_format(kLayoutV41))
+DSV4_STORE_INSTANCES(store_layout_format(kLayoutV41Fp4))
+DSV4_STORE_INSTANCES(store_layout_format(kLayoutUniformFp8))
+DSV4_STORE_INSTANCES(store_layout_format(kLayoutV41New))
+DSV4_STORE_INSTANCES(store_layout_format(kLayoutV41Fp4New))
 }  // namespace dsv4

@@ -8,12 +8,13 @@
 // butterfly stages followed by five xor-shuffle stages.
 //
 // Instantiation: compress_norm_rope_store_kernel<Format, KvT> with Format one of
-// kStoreFp8DsMla, kStoreBf16, kStoreFp8Indexer, kStoreFp4Indexer and KvT float or uint16_t
-// (bf16 bits), e.g.
+// kStoreFp8DsMla, kStoreBf16, kStoreFp8Indexer, kStoreFp4Indexer or a V4.1 layout's
+// store_layout_format, and KvT float or uint16_t (bf16 bits), e.g.
 //   template __global__ void dsv4::compress_norm_rope_store_kernel<dsv4::kStoreBf16, float>(
 //       dsv4::StoreKernelArgs);
 #pragma once
 
+#include "../low_ratio/row_encode.cuh"
 #include "../store_math.h"
 #include "memory_access.cuh"
 #include "quantize.cuh"
@@ -23,6 +24,19 @@
 namespace dsv4 {
 
 constexpr int kStoreMaxBlockThreads = 256;  // a multiple of 64: whole wavefronts on AMD
+
+// fp8_ds_mla rows stored in a V4.1 layout (contract V4.1 4.2): kernel formats past the four of
+// StoreFormat, one per layout other than V4 (whose rows are today's kStoreFp8DsMla). The layout
+// is a template constant rather than a kernel argument, so that StoreKernelArgs (and with it
+// the V4.0 instances' machine code) stays as it is.
+DSV4_HD constexpr int store_layout_format(int layout) {
+  return layout == kLayoutV4 ? int(kStoreFp8DsMla) : int(kStoreFp4Indexer) + layout;
+}
+DSV4_HD constexpr bool store_format_is_layout(int format) { return format > kStoreFp4Indexer; }
+DSV4_HD constexpr int store_format_layout(int format) { return format - kStoreFp4Indexer; }
+DSV4_HD constexpr int store_kernel_head_dim(int format) {
+  return store_format_is_layout(format) ? kLowRatioHeadDim : store_head_dim(format);
+}
 
 struct StoreKernelArgs {
   const void* kv;           // [n_rows, hd], KvT elements, contiguous
@@ -58,7 +72,7 @@ constexpr int store_min_blocks(int format) {
   (void)format;
   return 1;
 #else
-  return store_head_dim(format) == 128 ? 8 : 1;
+  return store_kernel_head_dim(format) == 128 ? 8 : 1;
 #endif
 }
 
@@ -84,13 +98,39 @@ DSV4_DEVICE void norm_rope(const float (&x)[kJ][4], const float (&w)[kJ][4], con
   }
 }
 
+// The rows of a V4.1 layout (contract V4.1 4.2): w' = w rounded to kv's dtype, y = x * inv * w'
+// (norm_rope's sum) rounded to kv's dtype, the RoPE dims rotated and rounded to it again.
+template <typename KvT>
+DSV4_DEVICE void store_norm_rope_v41(const float (&x)[4][4], const float (&w)[4][4],
+                                     const float (&f)[4], bool rope_lane, float eps,
+                                     float (&y)[4][4]) {
+  constexpr bool kBf16 = sizeof(KvT) == 2;
+  const auto to_kv = [](float v) { return kBf16 ? round_to_bf16(v) : v; };
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[j][k]);
+  const float inv = rms_inv(group_sum(acc), kLowRatioHeadDim, eps);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y[j][k] = to_kv(norm_value(x[j][k], inv, to_kv(w[j][k])));
+  if (rope_lane) {
+    rope_pair(y[3][0], y[3][1], f[0], f[1]);
+    rope_pair(y[3][2], y[3][3], f[2], f[3]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y[3][k] = to_kv(y[3][k]);
+  }
+}
+
 // One body (about 180 lines): with the format writes split into functions nvcc schedules the fp8
 // instances' code differently, so the cache writes stay inline.
 template <int kFormat, typename KvT>
 __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kFormat))
     compress_norm_rope_store_kernel(StoreKernelArgs a) {
   using namespace store_detail;
-  constexpr int kHd = store_head_dim(kFormat);
+  constexpr int kHd = store_kernel_head_dim(kFormat);
   constexpr int kJ = kHd / 128;  // 4-value chunks per lane
   const int lane = int(threadIdx.x) % kLaneGroup;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
@@ -187,12 +227,19 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kForma
   if (page < 0) return;  // negative or past the cache: writes nothing
   const int64_t off = loc & (a.page_size - 1);
   uint8_t* page_base = a.cache + page * a.page_bytes;
-  uint8_t* data = page_base + store_data_offset(kFormat, off);
-  uint8_t* scales = page_base + store_scale_offset(kFormat, a.page_size, off);
+  constexpr bool kLayoutFormat = store_format_is_layout(kFormat);
+  constexpr int kLayout = store_format_layout(kFormat);
+  uint8_t* data = page_base + (kLayoutFormat ? layout_data_offset(kLayout, off)
+                                             : store_data_offset(kFormat, off));
+  uint8_t* scales = page_base + (kLayoutFormat ? layout_scale_offset(kLayout, a.page_size, off)
+                                               : store_scale_offset(kFormat, a.page_size, off));
 
   float y[kJ][4];
-  norm_rope<kJ>(x, w, f, rope_lane, a.eps, y);
-  if constexpr (kFormat == kStoreFp8DsMla) {
+  if constexpr (kLayoutFormat) store_norm_rope_v41<KvT>(x, w, f, rope_lane, a.eps, y);
+  else norm_rope<kJ>(x, w, f, rope_lane, a.eps, y);
+  if constexpr (kLayoutFormat) {
+    low_ratio::encode_store_row<layout_encoding(kLayout)>(y, lane, {data, scales}, a.vec_out);
+  } else if constexpr (kFormat == kStoreFp8DsMla) {
     // bf16-round first; one UE8M0 scale per 64 dims = 16 lanes of one chunk. All chunks'
     // amaxes, exponents and codes first, then the stores: a store between two chunks (its
     // aligned / byte-wise branch) would serialise their shuffle chains. Lane 0 gathers the 7

@@ -1,0 +1,22 @@
+// HIP compile check: every V4.1 low-ratio kernel instantiation (c1, c2, c2 prefill: 4 row
+// encodings; index-K: ratios 1, 2; kv_store: 4 encodings x input dtype).
+#include "../include/dsv4/low_ratio/c1_kernel.cuh"
+#include "../include/dsv4/low_ratio/c2_kernel.cuh"
+#include "../include/dsv4/low_ratio/c2_prefill_kernel.cuh"
+#include "../include/dsv4/low_ratio/index_k_kernel.cuh"
+#include "../include/dsv4/low_ratio/kv_store_kernel.cuh"
+
+namespace dsv4 {
+#define DSV4_LOW_RATIO_INSTANCES(ENC)                                                \
+  template __global__ void c1_norm_rope_store_kernel<ENC>(C1KernelArgs);             \
+  template __global__ void c2_norm_rope_store_kernel<ENC>(C2KernelArgs);             \
+  template __global__ void c2_prefill_pool_kernel<ENC>(C2PrefillKernelArgs);         \
+  template __global__ void kv_store_kernel<ENC, float>(KvStoreKernelArgs);           \
+  template __global__ void kv_store_kernel<ENC, uint16_t>(KvStoreKernelArgs);
+DSV4_LOW_RATIO_INSTANCES(kLayoutV4)
+DSV4_LOW_RATIO_INSTANCES(kLayoutV41)
+DSV4_LOW_RATIO_INSTANCES(kLayoutV41Fp4)
+DSV4_LOW_RATIO_INSTANCES(kLayoutUniformFp8)
+template __global__ void low_ratio_index_k_store_kernel<1>(IndexKKernelArgs);
+template __global__ void low_ratio_index_k_store_kernel<2>(IndexKKernelArgs);
+}  // namespace dsv4
