@@ -2,6 +2,7 @@
 dsv4_ops.testing.worlds), shared by the opcheck, torch.compile and bad-input tests."""
 import torch
 
+import dsv4_ops
 from dsv4_ops import Compressor
 from dsv4_ops.testing import worlds
 
@@ -34,3 +35,67 @@ def _world(device, compress_ratio=4, head_dim=128, state_dtype=torch.float32,
         rids=[2, 0], num_req_rows=4, page_size=SWA_PAGE, max_context=512, map_all_rows=True,
         cache_page_size=max(1, 256 // compress_ratio), state_fill="randn",
         input_dtype=input_dtype, seed=seed)
+
+
+# ---- the V4.1 ops (contract V4.1 4.2) ----------------------------------------------------------
+
+def low_ratio_samples(device):
+    """name -> (op, args) of every V4.1 op and of compress_norm_rope_store with a V41 layout:
+    small argument sets on `device` whose every launch writes something (random ring, cache and
+    latent bytes; positions inside freqs; slots inside the caches)."""
+    import low_ratio_cases as lr
+    from dsv4_ops import KVLayout
+
+    ops = torch.ops.dsv4
+    g = lr.gen(99)
+    dev = torch.device(device)
+    ps, hd = 64, lr.HD
+    freqs = lr.random_freqs(64, g).to(dev)
+    w = lr.norm_weight(g).to(dev)
+    w128 = lr.norm_weight(g, lr.INDEX_DIM).to(dev)
+
+    def cache(layout):
+        return lr.cache_for(layout, 2, ps, g).to(dev)
+
+    def idx(values):
+        return torch.tensor(values, dtype=torch.int64, device=dev)
+
+    def latent(n):
+        return lr.random_bytes((n, hd), g, torch.bfloat16).to(dev)
+
+    ring = 4
+    state = lr.random_bytes((3 * ring + 2, 2 * hd), g, torch.float32).to(dev)
+    kv_score = lr.kv_score_rows(4, g).to(dev)
+    samples = {
+        "c1_norm_rope_store": (ops.c1_norm_rope_store, (
+            lr.kv_rows(6, g).to(dev), w, lr.EPS, freqs, idx([0, 5, 9, 2, 63, 7]),
+            idx([3, 0, 70, 8, -1, 127]), cache(KVLayout.V41), ps, "v41", latent(6))),
+        "c2_decode": (ops.c2_norm_rope_store, (
+            kv_score, state.clone(), w, lr.EPS, freqs, idx([1, 2, 5, 0]), idx([0, 1, 2, 1]),
+            idx([3, 4, 11, 0]), cache(KVLayout.V41_FP4), ps, ring, 1, "v41_fp4", latent(4))),
+        "c2_verify": (ops.c2_norm_rope_store, (
+            kv_score, state.clone(), w, lr.EPS, freqs, idx([3, 4, 6, 7]), idx([0, 0, 2, 2]),
+            idx([7, 8, 20, 21]), cache(KVLayout.V41_NEW), ps, ring, 2, "v41_new", latent(4))),
+        "c2_prefill": (ops.c2_prefill_norm_rope_store, (
+            kv_score, state.clone(), w, lr.EPS, freqs, idx([0, 1, 2, 5]), idx([0, 0, 0, 2]),
+            idx([2, 3, 4, 11]), torch.tensor([0, 3], dtype=torch.int32, device=dev),
+            torch.tensor([3, 1], dtype=torch.int32, device=dev), cache(KVLayout.UNIFORM_FP8),
+            ps, ring, "uniform_fp8", latent(4))),
+        "low_ratio_index_k_store": (ops.low_ratio_index_k_store, (
+            lr.kv_rows(5, g, lr.INDEX_DIM).to(dev), w128, lr.EPS, freqs, idx([1, 3, 4, 7, 9]),
+            idx([5, -1, 0, 66, 3]), lr.random_bytes((2, 68 * ps), g).to(dev), ps, 2)),
+        "kv_store_rope": (ops.kv_store, (
+            lr.kv_rows(3, g).to(dev), idx([1, 70, -1]), lr.random_freqs(3, g).to(dev),
+            cache(KVLayout.V41_FP4_NEW), ps, "v41_fp4_new")),
+        "kv_store_v4": (ops.kv_store, (
+            torch.randn(3, hd, generator=g).to(dev), idx([0, 9, 100]), None, cache(KVLayout.V4),
+            ps, "v4")),
+    }
+    d = decode_world(dev, compress_ratio=4, head_dim=hd)
+    plan = dsv4_ops.CompressorDecodePlan.generate(4, d.rid, d.req_to_token, d.full_to_state,
+                                                  d.seq_lens, SWA_PAGE, d.ring)
+    samples["compress_norm_rope_store_v41"] = (ops.compress_norm_rope_store, (
+        torch.randn(2, hd, generator=g).to(dev), plan.plan_d, torch.ones(hd, device=dev),
+        d.freqs_real, d.out_loc, lr.cache_for(KVLayout.V41, d.num_pages, d.cache_page_size, g).to(dev),
+        True, 4, 1e-6, d.cache_page_size, "fp8_ds_mla", "v41"))
+    return samples

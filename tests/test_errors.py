@@ -495,3 +495,140 @@ def test_bad_freq_cis_is_named_freq_cis(device, table):
     with pytest.raises(ValueError, match=r"dsv4\.compress_norm_rope_store: freq_cis must be "
                                          r"complex64 \[max_pos, 32\]"):
         _store_call(d, plan, freq_cis=f)()
+
+
+# ---- the V4.1 ops (contract V4.1 4.4), raw and through their fakes ----------------------------
+
+def _bf16(t):
+    return t.to(torch.bfloat16)
+
+
+def _narrow(cols):
+    return lambda t: t[..., :cols].contiguous()
+
+
+LOW_RATIO_BAD = [
+    # (sample of op_samples.low_ratio_samples, argument, replacement: a value or a function of
+    #  the sample's value)
+    ("c1_norm_rope_store", "kv", lambda t: t.float()),
+    ("c1_norm_rope_store", "kv", _narrow(256)),                       # hd != 512
+    ("c1_norm_rope_store", "kv", lambda t: t.t().contiguous().t()),  # not contiguous
+    ("c1_norm_rope_store", "norm_weight", lambda t: t[:128]),
+    ("c1_norm_rope_store", "freqs", _narrow(32)),                     # rope != 64
+    ("c1_norm_rope_store", "freqs", lambda t: t.double()),
+    ("c1_norm_rope_store", "positions", lambda t: t[:3]),
+    ("c1_norm_rope_store", "positions", lambda t: t.float()),
+    ("c1_norm_rope_store", "out_loc", lambda t: t.to(torch.int16)),
+    ("c1_norm_rope_store", "kvcache", _narrow(1000)),                 # narrower than a page
+    ("c1_norm_rope_store", "kvcache", lambda t: t.to(torch.float16)),
+    ("c1_norm_rope_store", "page_size", 48),                          # not a power of two
+    ("c1_norm_rope_store", "kvcache", 256),                           # pages hold only 64
+    ("c1_norm_rope_store", "page_size", 16),                          # pages hold 4x that
+    ("c1_norm_rope_store", "layout", "v42"),
+    ("c1_norm_rope_store", "latent", lambda t: t.float()),
+    ("c1_norm_rope_store", "latent", lambda t: t[:5]),
+    ("c1_norm_rope_store", "eps", -1.0),
+    ("c2_decode", "kv_score", _bf16),
+    ("c2_decode", "kv_score", _narrow(512)),
+    ("c2_decode", "state", _narrow(512)),
+    ("c2_decode", "state", _bf16),
+    ("c2_decode", "norm_weight", lambda t: t[:256]),
+    ("c2_decode", "freqs", _narrow(62)),
+    ("c2_decode", "req", lambda t: t.float()),
+    ("c2_decode", "req", lambda t: t[:2]),
+    ("c2_decode", "raw_out_loc", lambda t: t.float()),
+    ("c2_decode", "positions", lambda t: t[:1]),
+    ("c2_decode", "kvcache", _narrow(100)),
+    ("c2_decode", "page_size", 3),
+    ("c2_decode", "ring_size", 0),                                    # ring_size < 1
+    ("c2_decode", "ring_size", -4),
+    ("c2_decode", "layout", "fp8_ds_mla"),
+    ("c2_decode", "latent", lambda t: t[:, :256].contiguous()),
+    ("c2_verify", "kv_score", lambda t: t[:3]),                       # N % draft_len != 0
+    ("c2_prefill", "extend_start_loc", lambda t: t.long()),
+    ("c2_prefill", "extend_seq_lens", lambda t: t[:1]),
+    ("c2_prefill", "extend_seq_lens", lambda t: t.float()),
+    ("c2_prefill", "kv_score", lambda t: t.double()),
+    ("c2_prefill", "ring_size", 0),
+    ("c2_prefill", "layout", ""),
+    ("low_ratio_index_k_store", "k", lambda t: t.float()),
+    ("low_ratio_index_k_store", "k", lambda t: torch.zeros(t.shape[0], 512, dtype=t.dtype,
+                                                           device=t.device)),
+    ("low_ratio_index_k_store", "norm_weight", lambda t: torch.ones(512, dtype=t.dtype,
+                                                                     device=t.device)),
+    ("low_ratio_index_k_store", "freqs", _narrow(32)),
+    ("low_ratio_index_k_store", "loc", lambda t: t.float()),
+    ("low_ratio_index_k_store", "cache", _narrow(68 * 64 - 1)),
+    ("low_ratio_index_k_store", "cache", lambda t: t.view(torch.float8_e4m3fn)),
+    ("low_ratio_index_k_store", "page_size", 24),
+    ("low_ratio_index_k_store", "ratio", 4),
+    ("low_ratio_index_k_store", "ratio", 0),
+    ("kv_store_rope", "x", lambda t: t.to(torch.float16)),
+    ("kv_store_rope", "x", _narrow(448)),
+    ("kv_store_rope", "loc", lambda t: t.float()),
+    ("kv_store_rope", "freqs_rows", _narrow(32)),
+    ("kv_store_rope", "freqs_rows", lambda t: t[:2]),
+    ("kv_store_rope", "kvcache", _narrow(512)),
+    ("kv_store_rope", "page_size", 12),
+    ("kv_store_rope", "layout", "v4.1"),
+    ("kv_store_v4", "freqs_rows", lambda _: torch.zeros(3, 64)),     # V4 has no in-kernel RoPE
+]
+
+
+def _low_ratio_call(device, sample, arg, change):
+    from op_samples import low_ratio_samples
+    op, args = low_ratio_samples("cpu" if device == "meta" else device)[sample]
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    names = [a.name for a in op.default._schema.arguments]
+    i = names.index("page_size" if isinstance(change, int) and arg == "kvcache" else arg)
+    new = change(args[i]) if callable(change) else change
+    if isinstance(new, torch.Tensor):
+        new = new.to(device) if new.device != torch.device(device) else new
+    args[i] = new
+    return op.default._schema.name.split("::")[1], lambda: op(*args)
+
+
+@pytest.mark.parametrize("sample,arg,change", LOW_RATIO_BAD,
+                         ids=[f"{s}-{a}-{k}" for k, (s, a, _) in enumerate(LOW_RATIO_BAD)])
+def test_low_ratio_bad_input(device, sample, arg, change):
+    op, call = _low_ratio_call(device, sample, arg, change)
+    raises(op, arg, call)
+
+
+@pytest.mark.parametrize("sample,arg,change", LOW_RATIO_BAD,
+                         ids=[f"{s}-{a}-{k}" for k, (s, a, _) in enumerate(LOW_RATIO_BAD)])
+def test_low_ratio_fakes_refuse_bad_input(sample, arg, change):
+    """The same checks on meta tensors (the fakes that torch.compile and export run)."""
+    op, call = _low_ratio_call("meta", sample, arg, change)
+    raises(op, arg, call)
+
+
+def test_low_ratio_verify_ring_not_wider_than_draft(device):
+    """Verify with ring_size <= draft_len: the message says the ring must be wider."""
+    from op_samples import low_ratio_samples
+    op, args = low_ratio_samples(device)["c2_verify"]
+    names = [a.name for a in op.default._schema.arguments]
+    for ring, draft in ((2, 2), (4, 4), (2, 4)):
+        args = list(args)
+        args[names.index("ring_size")], args[names.index("draft_len")] = ring, draft
+        with pytest.raises((RuntimeError, ValueError),
+                           match=r"dsv4\.c2_norm_rope_store: .*ring.*must be wider than the "
+                                 r"draft length"):
+            op(*args)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_indexer", "fp4_indexer", "bf16"])
+def test_compress_norm_rope_store_v41_layout_needs_fp8_ds_mla(device, fmt):
+    """A non-v4 layout is for the 512-dim fp8_ds_mla store only: other formats name layout."""
+    from dsv4_ops import KVLayout
+    d = decode_world(device, compress_ratio=4, head_dim=128 if fmt != "bf16" else 512)
+    plan = _decode_plan(d)
+    hd = 512 if fmt == "bf16" else 128
+    a = _raw_store_args(d, plan.plan_d, True, store_format=fmt, kv=torch.randn(2, hd, device=device),
+                        norm_weight=torch.ones(hd, device=device), kvcache=d.kvcache(fmt))
+    OPS.compress_norm_rope_store(*a.values(), "v4")         # the v4 layout: today's store
+    for layout in (KVLayout.V41, KVLayout.V41_FP4):
+        raises("compress_norm_rope_store", "layout",
+               lambda: OPS.compress_norm_rope_store(*a.values(), layout.value))
+    raises("compress_norm_rope_store", "layout",
+           lambda: OPS.compress_norm_rope_store(*a.values(), "v5"))
