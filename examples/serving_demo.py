@@ -242,19 +242,19 @@ def _v41_check(layers, requests, freqs) -> list:
             swa = torch.stack([row for _, row in seq])
             raw = torch.tensor([req.raw_loc(p) for p in range(req.length)])
             all_pos = torch.arange(req.length)
-            ref.store_rows(main, ref.rope_latent(swa, all_pos, freqs), raw, V41_MAIN, V41_PAGE)
-            want, pos = ref.latents(x, r, layer.norm_w.cpu(), V41_EPS)
+            ref41.store_rows(main, ref41.rope_latent(swa, all_pos, freqs), raw, V41_MAIN, V41_PAGE)
+            want, pos = ref41.latents(x, r, layer.norm_w.cpu(), V41_EPS)
             got = torch.stack([req.latent[r][int(p)] for p in pos])
             d = _bf16_ulps(got, want)
             if int((d > 1).sum()) or int((d == 1).sum()) > max(1, d.numel() // 1000):
                 failures.append(f"ratio {r} {req.name}: latent beyond 1 ulp or too many 1-ulp "
                                 f"elements ({int((d > 0).sum())} of {d.numel()})")
-            rotated = ref.rope_latent(got, ref.group_positions(r, pos), freqs)
-            ref.store_rows(extra, ref.stored_value(rotated, V41_EXTRA), raw[pos] // r, V41_EXTRA,
-                           layer.page)
+            rotated = ref41.rope_latent(got, ref41.group_positions(r, pos), freqs)
+            ref41.store_rows(extra, ref41.stored_value(rotated, V41_EXTRA), raw[pos] // r,
+                             V41_EXTRA, layer.page)
             k = torch.stack([req.index_k[r][int(p)] for p in pos])
-            ref.index_k_store(index, k, layer.k_norm_w.cpu(), V41_EPS, freqs, pos,
-                              ref.low_ratio_out_loc(r, pos, raw[pos]), r, layer.page)
+            ref41.index_k_store(index, k, layer.k_norm_w.cpu(), V41_EPS, freqs, pos,
+                                ref41.low_ratio_out_loc(r, pos, raw[pos]), r, layer.page)
             if layer.state is not None:
                 first = max(0, req.length - layer.ring)
                 for p in range(first + (first & 1), req.length, 2):    # the even rows read next
@@ -302,11 +302,15 @@ def run_v41(args) -> int:
     print("-" * len(head))
     step = [0]
 
-    def run(batch, kind):
+    def run(batch, kind, accept=()):
         t0 = time.perf_counter()
         res = _v41_step(layers, freqs, batch, kind, draft_len if kind == "verify" else 1, dev, g)
         if dev.startswith("cuda"):
             torch.cuda.synchronize()
+        for (req, n), keep in zip(batch, accept):   # verify: the rejected drafts go
+            req.length -= n - keep
+            for r in layers:
+                del req.rows[r][req.length:]
         step[0] += 1
         lens = " ".join(f"{r.name}={r.length}" for r in reqs)
         print(f"{step[0]:>4} {kind:<7} {res['rows']:>4} {res['padded']:>6} | {lens:<24} | "
@@ -319,13 +323,8 @@ def run_v41(args) -> int:
     run([(a, 12), (b, 0), (c, 9)], "extend")        # a's next chunk starts odd: ring partner
     for _ in range(args.decode_steps):
         run([(a, 1), (b, 1), (c, 1)], "decode")
-    for accept_a, accept_b in [(4, 1), (2, 3), (1, 4)]:
-        la, lb = a.length, b.length
-        run([(a, draft_len), (b, draft_len)], "verify")
-        for req, keep in ((a, la + accept_a), (b, lb + accept_b)):   # the rejected drafts go
-            req.length = keep
-            for r in layers:
-                del req.rows[r][keep:]
+    for accept in [(4, 1), (2, 3), (1, 4)]:         # accepted tokens of a and b
+        run([(a, draft_len), (b, draft_len)], "verify", accept)
     for _ in range(max(args.decode_steps, draft_len)):  # past every rejected draft position
         run([(a, 1), (b, 1), (c, 1)], "decode")
     failures = _v41_check(layers, reqs, freqs)
