@@ -51,7 +51,7 @@ STORE_FORMATS = {
 
 
 class _Encoding(NamedTuple):
-    """Per-token bytes of one V4.1 row encoding of 512 dims (SPEC_V41 3.1): `data_bytes` of
+    """Per-token bytes of one V4.1 row encoding of 512 dims (contract V4.1 3.1): `data_bytes` of
     codes, `scale_bytes` of scale row (`scales_written` of them written), one scale per `tile`."""
     data_bytes: int
     scale_bytes: int
@@ -81,7 +81,7 @@ _LAYOUT_NAMES = tuple(_LAYOUTS)
 
 
 class KVLayout(str, enum.Enum):
-    """The paged KV-cache layouts of V4.1 (SPEC_V41 3.1), with the reference engine's names.
+    """The paged KV-cache layouts of V4.1 (contract V4.1 3.1), with the reference engine's names.
 
     Block-split pages hold the page's token data, then its scale rows; interleaved pages hold
     each token's data followed by its scales. All hold 512-dim rows.
@@ -197,15 +197,15 @@ def token_byte_offsets(loc, page_size: int, data_bytes: int, scale_bytes: int, p
 
 def is_valid_kv_layout_pair(kv_layout, extra_layout) -> bool:
     """Whether a main cache of `kv_layout` may sit next to a compressed (extra) cache of
-    `extra_layout` (SPEC_V41 3.5): the same layout, or a V41-encoded main with a V41_FP4-encoded
-    extra of the same page arrangement."""
+    `extra_layout` (contract V4.1 3.5): the same layout, or a V41-encoded main with a
+    V41_FP4-encoded extra of the same page arrangement."""
     kv, extra = KVLayout.parse(kv_layout), KVLayout.parse(extra_layout)
     return kv is extra or (kv.encoding is KVLayout.V41 and extra.encoding is KVLayout.V41_FP4
                            and kv.is_interleaved == extra.is_interleaved)
 
 
 def pair_ring_size(num_draft_tokens: int = 0) -> int:
-    """Rows of one request's ratio-2 pair-state ring (SPEC_V41 2.1): 2 without speculative
+    """Rows of one request's ratio-2 pair-state ring (contract V4.1 2.1): 2 without speculative
     decoding, else `2^bitlen(n + 1)`, the smallest power of two >= n + 2."""
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) \
             or num_draft_tokens < 0:
@@ -294,7 +294,7 @@ def state_slots(addressing: str, *, compress_ratio: int, ring_size: Optional[int
     swa_paged (ratio 4): `num_swa_pages * ring_size`; req_ring: `num_requests * ring_size`
     (request rows 0..num_requests-1); legacy: `num_requests * window`; online (ratio 128):
     `num_requests + state_slot_offset` (slot rid + offset, and the committed-bank slot rid);
-    pair_ring (ratio 2, SPEC_V41 2.1): `num_requests * ring_size + ring_size + 1` rounded up
+    pair_ring (ratio 2, contract V4.1 2.1): `num_requests * ring_size + ring_size + 1` rounded up
     to even, the last row being the spare (kv = 0, score = -inf) row.
     """
     fn = "state_slots"

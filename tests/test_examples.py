@@ -1,5 +1,6 @@
 """The examples run as written: examples/quickstart.py (the README's quickstart) and the
-simulated serving demo, on the CPU, each in a fresh interpreter."""
+simulated serving demo (DeepSeek-V4 and, with --model v4.1, V4.1), on the CPU, each in a fresh
+interpreter."""
 import os
 import subprocess
 import sys
@@ -25,6 +26,14 @@ def test_serving_demo_runs():
                "--decode-steps", "2")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "OK: every compressed token, cache byte and state row matches the reference" in run.stdout
+
+
+def test_serving_demo_v41_runs():
+    run = _run(os.path.join(ROOT, "examples", "serving_demo.py"), "--model", "v4.1",
+               "--device", "cpu", "--decode-steps", "3")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert ("OK: every latent, cache byte, index-K byte and ring row matches the reference"
+            in run.stdout)
 
 
 def test_readme_quickstart_is_the_example():

@@ -1,12 +1,12 @@
 """The V4.1 layout helpers (dsv4_ops.KVLayout, pair_ring_size, the ratio-2 pair state) against
-the numbers of SPEC_V41's tables (3.1, 2.1), written out here."""
+the numbers of the tables of contract V4.1 3.1 and 2.1, written out here."""
 import pytest
 import torch
 
 import dsv4_ops
 from dsv4_ops import KVLayout
 
-# SPEC_V41 3.1: name -> (enum, data bytes D, scale bytes S, tile, bytes per token, page_align,
+# contract V4.1 3.1: name -> (enum, data bytes D, scale bytes S, tile, bytes per token, page_align,
 # interleaved)
 TABLE = {
     "v4": (0, 576, 8, 64, 584, 576, False),
@@ -16,7 +16,7 @@ TABLE = {
     "v41_new": (4, 512, 16, 32, 528, 528, True),
     "v41_fp4_new": (5, 256, 32, 16, 288, 288, True),
 }
-# SPEC_V41 3.1 page_bytes examples: ps -> bytes
+# contract V4.1 3.1 page_bytes examples: ps -> bytes
 PAGE_BYTES = {
     "v4": {1: 1152, 2: 1728, 64: 37440, 128: 74880},
     "v41": {1: 1024, 2: 1536, 64: 33792, 128: 67584},
@@ -66,7 +66,7 @@ def test_encodings_and_pairs():
     assert KVLayout.V41_FP4_NEW.with_interleaved(False) is KVLayout.V41_FP4
     with pytest.raises(ValueError, match="with_interleaved: interleaved"):
         KVLayout.V4.with_interleaved()
-    # SPEC_V41 3.5: identical, or a V41-encoded main next to a V41_FP4-encoded extra of the
+    # contract V4.1 3.5: identical, or a V41-encoded main next to a V41_FP4-encoded extra of the
     # same arrangement
     valid = {(m, m) for m in TABLE} | {("v41", "v41_fp4"), ("v41_new", "v41_fp4_new")}
     for kv in TABLE:
@@ -77,7 +77,7 @@ def test_encodings_and_pairs():
 @pytest.mark.parametrize("ps", [2, 64, 128])
 def test_token_offsets(ps):
     loc = 3 * ps + 1                                            # page 3, offset 1
-    expected = {   # SPEC_V41 3.1 addressing with the D, S and page bytes of the table
+    expected = {   # contract V4.1 3.1 addressing with the D, S and page bytes of the table
         "v4": (3 * PAGE_BYTES["v4"][ps] + 576, 3 * PAGE_BYTES["v4"][ps] + ps * 576 + 8),
         "v41": (3 * PAGE_BYTES["v41"][ps] + 512, 3 * PAGE_BYTES["v41"][ps] + ps * 512 + 16),
         "v41_fp4": (3 * PAGE_BYTES["v41_fp4"][ps] + 256,
@@ -115,7 +115,7 @@ def test_kv_cache_of_a_layout():
 
 
 def test_pair_ring_size():
-    # SPEC_V41 2.1: 2 without speculative decoding; 4 for n = 1..2, 8 for 3..6, 16 for 7..14
+    # contract V4.1 2.1: 2 without speculative decoding; 4 for n = 1..2, 8 for 3..6, 16 for 7..14
     expected = {0: 2, 1: 4, 2: 4, 3: 8, 6: 8, 7: 16, 14: 16, 15: 32}
     assert {n: dsv4_ops.pair_ring_size(n) for n in expected} == expected
     assert dsv4_ops.pair_ring_size() == 2
@@ -128,7 +128,7 @@ def test_pair_ring_size():
 
 
 def test_pair_state_buffer():
-    # SPEC_V41 2.1: num_req_slots * ring + ring + 1 rows, rounded up to even; rows kv|score fp32
+    # contract V4.1 2.1: num_req_slots * ring + ring + 1 rows, rounded up to even; fp32 kv|score
     assert dsv4_ops.state_slots("pair_ring", compress_ratio=2, ring_size=2, num_requests=4) == 12
     assert dsv4_ops.state_slots("pair_ring", compress_ratio=2, ring_size=8, num_requests=3) == 34
     assert dsv4_ops.state_row_width(2, 512) == 1024 and dsv4_ops.kv_score_row_width(2, 512) == 1024

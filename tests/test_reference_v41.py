@@ -1,5 +1,5 @@
 """The whole-sequence V4.1 oracle (dsv4_ops.testing.reference_v41) against hand-computed cases
-and the properties SPEC_V41 states (1.2 - 1.8, 3.2 - 3.4)."""
+and the properties contract V4.1 states (1.2 - 1.8, 3.2 - 3.4)."""
 import math
 
 import pytest

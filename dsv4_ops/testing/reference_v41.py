@@ -1,4 +1,4 @@
-"""The V4.1 test oracle: SPEC_V41 sections 1 and 3 in plain PyTorch, computed from whole sequences.
+"""The V4.1 test oracle: contract V4.1 sections 1 and 3 in plain PyTorch, from whole sequences.
 
 Ratio-2 pairs are pooled from the full sequence of one request's kv_score rows (positions
 0..L-1), with no ring: a kernel that parks, reloads or pairs rows wrongly disagrees with it.
@@ -31,7 +31,7 @@ def bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Latents (SPEC_V41 1.2 - 1.4)
+# Latents (contract V4.1 1.2 - 1.4)
 # ---------------------------------------------------------------------------------------
 def pair_pool(kv_score: torch.Tensor) -> torch.Tensor:
     """Pooled pairs (2g, 2g+1) of one request's rows kv_score [L, 1024] = kv | score:
@@ -78,7 +78,7 @@ def rope_latent(latent: torch.Tensor, positions: torch.Tensor, freqs: torch.Tens
 
 
 # ---------------------------------------------------------------------------------------
-# FP4 grids (SPEC_V41 1.6, 1.8, 3.3)
+# FP4 grids (contract V4.1 1.6, 1.8, 3.3)
 # ---------------------------------------------------------------------------------------
 def e2m1_index(v: torch.Tensor) -> torch.Tensor:
     """Magnitude index (0..7 into E2M1_GRID) of |v| rounded to nearest, ties to the even
@@ -99,8 +99,9 @@ def _blocks(v: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def fp4_fake_quant(v: torch.Tensor) -> torch.Tensor:
-    """SPEC_V41 1.6: rows v [n, 512] (fp32 values of bf16 numbers) onto the e2m1 x e4m3 grid per
-    16 dims, float32. A negative non-zero v / s that rounds to 0 gives -0.0; an exact +-0 gives +0."""
+    """contract V4.1 1.6: rows v [n, 512] (fp32 values of bf16 numbers) onto the e2m1 x e4m3
+    grid per 16 dims, float32. A negative non-zero v / s that rounds to 0 gives -0.0; an exact
+    +-0 gives +0."""
     x = _blocks(v, FAKE_QUANT_BLOCK)
     amax = x.abs().amax(dim=-1, keepdim=True)
     s = (amax * _ONE_SIXTH).clamp(E4M3_SCALE_MIN, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
@@ -111,7 +112,7 @@ def fp4_fake_quant(v: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Layout encodings (SPEC_V41 3.2 - 3.4) and the cache
+# Layout encodings (contract V4.1 3.2 - 3.4) and the cache
 # ---------------------------------------------------------------------------------------
 def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """Dim 2k in bits 0..3 of byte k, dim 2k+1 in bits 4..7."""
@@ -169,7 +170,7 @@ def decode_layout(data: torch.Tensor, scales: torch.Tensor, layout) -> torch.Ten
 
 
 def stored_value(rotated: torch.Tensor, layout) -> torch.Tensor:
-    """SPEC_V41 1.7: the value a layout stores of a rotated latent row: fp4 fake quantised
+    """contract V4.1 1.7: the value a layout stores of a rotated latent row: fp4 fake quantised
     before the fp8-style layouts, as is for the V41_FP4 ones."""
     return rotated if KVLayout.parse(layout).is_fp4 else fp4_fake_quant(rotated)
 
@@ -215,7 +216,7 @@ def low_ratio_store(kvcache: torch.Tensor, rows: torch.Tensor, ratio: int,
                     raw_out_loc: torch.Tensor, layout, page_size: int
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One request's whole sequence (rows of positions 0..L-1, raw_out_loc [L] its FULL-pool
-    slots) through SPEC_V41 1.2 - 1.7: returns (latent bf16 [n, 512], pos [n]) as `latents`,
+    slots) through contract V4.1 1.2 - 1.7: returns (latent bf16 [n, 512], pos [n]) as `latents`,
     and stores each latent, rotated at its group position, at slot raw_out_loc // ratio of
     kvcache when raw_out_loc > 0."""
     latent, pos = latents(rows, ratio, norm_weight, eps)
@@ -227,7 +228,7 @@ def low_ratio_store(kvcache: torch.Tensor, rows: torch.Tensor, ratio: int,
 
 
 # ---------------------------------------------------------------------------------------
-# Low-ratio index-K (SPEC_V41 1.8)
+# Low-ratio index-K (contract V4.1 1.8)
 # ---------------------------------------------------------------------------------------
 def low_ratio_out_loc(ratio: int, positions: torch.Tensor, raw_out_loc: torch.Tensor
                       ) -> torch.Tensor:
