@@ -147,7 +147,7 @@ def case_list(quick: bool = False, layouts: Optional[Sequence[str]] = None,
             for name, reqs in pre:
                 out.append(Case("index_k_prefill", None, ps, name, reqs=reqs, ratio=ratio))
         for lay in KV_STORE_LAYOUTS:
-            if lay not in layouts and not selftest and quick:
+            if lay not in layouts:
                 continue
             for bs in dec:
                 out.append(Case("kv_store", lay, ps, f"dec_bs{bs}", bs=bs, pos_range=pr))
