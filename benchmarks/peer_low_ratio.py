@@ -739,7 +739,9 @@ def joined_row(rec: Dict[str, Any]) -> Dict[str, Any]:
         "floor_us": fl, "dsv4_pct_floor": 100 * fl / td if fl and td else None,
         "sglang_pct_floor": 100 * fl / ts if fl and ts else None,
         "conform": None if conf is None else ("ok" if conf["ok"] else "FAIL"),
-        "note": "; ".join(f"{a}: {rec[a + '_error']}" for a in APIS if rec.get(a + "_error"))
+        "note": "; ".join([f"{a}: {rec[a + '_error']}" for a in APIS if rec.get(a + "_error")]
+                          + [f"{a} {rec[a]['graph_error']}" for a in APIS
+                             if (rec.get(a) or {}).get("graph_error")])
                 + ("" if not conf or conf["ok"] else f" {json.dumps(conf)}"),
     }
 
@@ -750,6 +752,7 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         return statistics.median(xs) if xs else None
 
     ratios = [r["ratio"] for r in rows if r["ratio"]]
+    slowest = min((r for r in rows if r["ratio"]), key=lambda r: r["ratio"], default=None)
     graphs = [r["ratio_graph"] for r in rows if r["ratio_graph"]]
     pre = [r for r in rows if r.get("prefill")]
     return {
@@ -757,11 +760,26 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         "conform": f"{sum(r['conform'] == 'ok' for r in rows)}/"
                    f"{sum(r['conform'] is not None for r in rows)} ok",
         "median_ratio": med(ratios), "min_ratio": min(ratios) if ratios else None,
+        "min_ratio_case": slowest and slowest["case"],
         "median_ratio_graph": med(graphs), "min_ratio_graph": min(graphs) if graphs else None,
+        "median_prefill_dsv4_pct_floor": med([r["dsv4_pct_floor"] for r in pre]),
+        "median_prefill_sglang_pct_floor": med([r["sglang_pct_floor"] for r in pre]),
         "prefill_dsv4_pct_floor": {r["case"]: r["dsv4_pct_floor"] for r in pre},
         "prefill_sglang_pct_floor": {r["case"]: r["sglang_pct_floor"] for r in pre},
         "errors": sum(bool(r["note"]) for r in rows),
     }
+
+
+def summary_line(sm: Dict[str, Any]) -> str:
+    def f(x, nd=2):
+        return "-" if x is None else f"{x:.{nd}f}"
+
+    return (f"SUMMARY ratio sglang/dsv4 cold: median {f(sm['median_ratio'])}, min "
+            f"{f(sm['min_ratio'])} ({sm['min_ratio_case']}); graph: median "
+            f"{f(sm['median_ratio_graph'])}, min {f(sm['min_ratio_graph'])}; prefill % floor "
+            f"dsv4 median {f(sm['median_prefill_dsv4_pct_floor'], 1)}, sglang median "
+            f"{f(sm['median_prefill_sglang_pct_floor'], 1)}; conform {sm['conform']}; "
+            f"cases with a note {sm['errors']}")
 
 
 def _c(x, nd=1):
@@ -780,13 +798,15 @@ def markdown(rows, summary, info, ceiling) -> List[str]:
              "Medians in microseconds: cold = L2 flushed before each call; graph = per call in a "
              "CUDA-graph replay. ratio = sglang / dsv4 (> 1: dsv4_ops faster). floor = cold time "
              "of a device copy moving the case's bytes (read + written); % floor = floor / time.",
-             "", f"Summary: {json.dumps(summary, default=str)}", "", HEADER,
+             "", summary_line(summary), "", "Prefill % floor (dsv4 / sglang): " + ", ".join(
+                 f"{k} {_c(v)} / {_c(summary['prefill_sglang_pct_floor'].get(k))}"
+                 for k, v in summary["prefill_dsv4_pct_floor"].items()), "", HEADER,
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['case']} | {_c(r['sglang_us'])} | {_c(r['dsv4_us'])} | {_c(r['ratio'], 2)} | "
             f"{_c(r['sglang_graph_us'])} | {_c(r['dsv4_graph_us'])} | {_c(r['ratio_graph'], 2)} | "
-            f"{_c(r['bytes'] / 1e6, 3)} | {_c(r['floor_us'])} | {_c(r['dsv4_pct_floor'])} | "
+            f"{_c(r['bytes'] and r['bytes'] / 1e6, 3)} | {_c(r['floor_us'])} | {_c(r['dsv4_pct_floor'])} | "
             f"{_c(r['sglang_pct_floor'])} | {r['conform'] or ''} | "
             f"{r['note'].replace('|', '/')[:200]} |")
     return lines
@@ -925,7 +945,10 @@ def main(argv=None) -> int:
         json.dump(payload, f, indent=1, default=str)
     with open(os.path.join(args.out, "low_ratio.md"), "w") as f:
         f.write("\n".join(markdown(rows, summary, info, ceiling)) + "\n")
-    log(f"summary: {json.dumps(summary, default=str)}")
+    for k, v in summary["prefill_dsv4_pct_floor"].items():
+        log(f"prefill {k}: % floor dsv4 {_c(v)}, sglang "
+            f"{_c(summary['prefill_sglang_pct_floor'].get(k))}")
+    log(summary_line(summary))
     log(f"wrote {args.out}/low_ratio.json and low_ratio.md (exit {status})")
     return status
 
