@@ -158,8 +158,8 @@ def case_list(quick: bool = False, layouts: Optional[Sequence[str]] = None,
 
 def _rows_layout(case: Case, gen: torch.Generator):
     """(positions, rid, raw_out_loc, extend_start, extend_lens, num_req_slots) as int64 CPU
-    tensors. Decode: one row per request, random positions in pos_range with alternating
-    parity (odd first), one FULL page per request (verify: two, for the D consecutive
+    tensors. Decode: one row per request, random positions in pos_range, half of them odd
+    (batch 1: odd), one FULL page per request (verify: two, for the D consecutive
     positions), so raw_out_loc's parity follows the position and page 0 stays unused.
     Prefill: each request's rows at positions prefix .. prefix+len-1, a region of whole FULL
     pages per request."""
