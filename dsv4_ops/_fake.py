@@ -5,7 +5,7 @@ scalars), with the same messages, so that meta or fake tensors are refused where
 would refuse the real ones."""
 import torch
 
-from .layout import STORE_FORMATS, cache_page_bytes
+from .layout import STORE_FORMATS, KVLayout, cache_page_bytes
 
 PLAN_RECORD_BYTES = 16   # DecodePlan, CompressPlan
 WRITE_RECORD_BYTES = 8   # WritePlan
@@ -244,12 +244,15 @@ _STORE_HEAD_DIM = {name: fmt.head_dim for name, fmt in STORE_FORMATS.items()}
 
 @torch.library.register_fake("dsv4::compress_norm_rope_store")
 def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio, eps, page_size,
-      store_format):
+      store_format, layout="v4"):
     op = "compress_norm_rope_store"
     _check(store_format in _STORE_HEAD_DIM, op, "store_format",
            lambda: f"must be one of fp8_ds_mla, bf16, fp8_indexer, fp4_indexer, got "
                    f"'{store_format}'")
     hd = _STORE_HEAD_DIM[store_format]
+    kv_layout = _layout(layout, op)
+    _check(kv_layout is KVLayout.V4 or store_format == "fp8_ds_mla", op, "layout",
+           lambda: f"{layout} needs store_format fp8_ds_mla (head_dim 512), got {store_format}")
     _ratio(compress_ratio, op)
     _check(1 <= page_size <= _MAX_STORE_PAGE_SIZE and page_size & (page_size - 1) == 0, op,
            "page_size", lambda: f"must be a power of two in [1, 2^30], got {page_size}")
@@ -279,10 +282,13 @@ def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio,
     _dtype(out_loc, op, "out_loc", torch.int32, torch.int64)
     _dim(out_loc, op, "out_loc", 1)
     _contiguous(out_loc, op, "out_loc")
-    _dtype(kvcache, op, "kvcache", torch.uint8)
-    _check(kvcache.dim() >= 1, op, "kvcache", "must have a page dimension, got a scalar")
-    _contiguous(kvcache, op, "kvcache")
-    if kvcache.shape[0] > 0:
+    if kv_layout is not KVLayout.V4:
+        _layout_cache(kvcache, kv_layout, page_size, op)
+    else:
+        _dtype(kvcache, op, "kvcache", torch.uint8)
+        _check(kvcache.dim() >= 1, op, "kvcache", "must have a page dimension, got a scalar")
+        _contiguous(kvcache, op, "kvcache")
+    if kv_layout is KVLayout.V4 and kvcache.shape[0] > 0:
         page_bytes = kvcache.numel() // kvcache.shape[0]
         need = cache_page_bytes(store_format, page_size)
         _check(page_bytes >= need, op, "kvcache",
@@ -293,4 +299,202 @@ def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio,
                        f"hold a larger page_size of store_format {store_format}")
     _check(0.0 <= eps <= 1.7976931348623157e308, op, "eps",
            lambda: f"(norm_eps) must be finite and >= 0, got {eps}")
+    return None
+
+
+# ---- V4.1 ratio-1 / ratio-2 ops (csrc/low_ratio/low_ratio_checks.h) --------------------------
+
+_LATENT_DIM = 512
+_PAIR_ROW = 2 * _LATENT_DIM
+_INDEX_K_DIM = 128
+_INDEX_K_SLOT_BYTES = 68
+_MAX_RING = 2 ** 30
+_LAYOUT_VALUES = tuple(m.value for m in KVLayout)
+
+
+def _layout(layout, op) -> KVLayout:
+    _check(layout in _LAYOUT_VALUES, op, "layout",
+           lambda: f"must be one of {', '.join(_LAYOUT_VALUES)}, got '{layout}'")
+    return KVLayout(layout)
+
+
+def _page_size(page_size, op) -> None:
+    _check(1 <= page_size <= _MAX_STORE_PAGE_SIZE and page_size & (page_size - 1) == 0, op,
+           "page_size", lambda: f"must be a power of two in [1, 2^30], got {page_size}")
+
+
+def _eps(eps, op) -> None:
+    _check(0.0 <= eps <= 1.7976931348623157e308, op, "eps",
+           lambda: f"must be finite and >= 0, got {eps}")
+
+
+def _paged_cache(cache, op, arg, page_size, need, need_2x, what) -> None:
+    _check(cache.dim() >= 1, op, arg, "must have a page dimension, got a scalar")
+    _contiguous(cache, op, arg)
+    if cache.shape[0] > 0:
+        page_bytes = cache.numel() // cache.shape[0]
+        _check(page_bytes >= need, op, arg,
+               lambda: f"pages hold {page_bytes} bytes but {what} with page_size {page_size} "
+                       f"needs {need}")
+        _check(page_bytes < need_2x, op, "page_size",
+               lambda: f"{page_size} does not match {arg}: its pages of {page_bytes} bytes hold "
+                       f"{need_2x} bytes or more, a page_size of at least {2 * page_size} of {what}")
+
+
+def _layout_cache(kvcache, layout: KVLayout, page_size, op) -> None:
+    _dtype(kvcache, op, "kvcache", torch.uint8, torch.float8_e4m3fn)
+    _paged_cache(kvcache, op, "kvcache", page_size, layout.page_bytes(page_size),
+                 layout.page_bytes(2 * page_size), f"layout {layout.value}")
+
+
+def _rows(t, op, arg, n, width, *dtypes) -> None:
+    _dtype(t, op, arg, *dtypes)
+    _dim(t, op, arg, 2)
+    _check(t.shape[1] == width and (n is None or t.shape[0] == n), op, arg,
+           lambda: f"must be [{'*' if n is None else n}, {width}], got shape {list(t.shape)}")
+    _contiguous(t, op, arg)
+
+
+def _index_vector(t, op, arg, n, *dtypes) -> None:
+    _dtype(t, op, arg, *dtypes)
+    _dim(t, op, arg, 1)
+    _check(t.shape[0] == n, op, arg,
+           lambda: f"must have one entry per row ({n}), got shape {list(t.shape)}")
+    _contiguous(t, op, arg)
+
+
+def _norm_weight(w, dim, op) -> None:
+    _dtype(w, op, "norm_weight", torch.bfloat16, torch.float32)
+    _dim(w, op, "norm_weight", 1)
+    _check(w.shape[0] == dim, op, "norm_weight",
+           lambda: f"must have {dim} elements, got shape {list(w.shape)}")
+    _contiguous(w, op, "norm_weight")
+
+
+def _freqs(freqs, op) -> None:
+    _dtype(freqs, op, "freqs", torch.float32)
+    _dim(freqs, op, "freqs", 2)
+    _check(freqs.shape[1] == _ROPE_DIM, op, "freqs",
+           lambda: f"must be [max_pos, 64] (cos, sin pairs), got shape {list(freqs.shape)}")
+    _contiguous(freqs, op, "freqs")
+
+
+def _same_device(dev, op, **tensors) -> None:
+    for arg, t in tensors.items():
+        if t is not None:
+            _device(t, dev, op, arg)
+
+
+_INDEX = (torch.int32, torch.int64)
+
+
+@torch.library.register_fake("dsv4::c1_norm_rope_store")
+def _(kv, norm_weight, eps, freqs, positions, out_loc, kvcache, page_size, layout, latent):
+    op = "c1_norm_rope_store"
+    kv_layout = _layout(layout, op)
+    _page_size(page_size, op)
+    _eps(eps, op)
+    _same_device(kvcache.device, op, kv=kv, norm_weight=norm_weight, freqs=freqs,
+                 positions=positions, out_loc=out_loc, latent=latent)
+    _rows(kv, op, "kv", None, _LATENT_DIM, torch.bfloat16)
+    n = kv.shape[0]
+    _norm_weight(norm_weight, _LATENT_DIM, op)
+    _freqs(freqs, op)
+    _index_vector(positions, op, "positions", n, *_INDEX)
+    _index_vector(out_loc, op, "out_loc", n, *_INDEX)
+    _layout_cache(kvcache, kv_layout, page_size, op)
+    _rows(latent, op, "latent", n, _LATENT_DIM, torch.bfloat16)
+    return None
+
+
+def _c2(op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, kvcache,
+        page_size, ring_size, draft_len, layout, latent) -> None:
+    kv_layout = _layout(layout, op)
+    _page_size(page_size, op)
+    _eps(eps, op)
+    _check(1 <= ring_size <= _MAX_RING and ring_size & (ring_size - 1) == 0, op, "ring_size",
+           lambda: f"(the pair-state ring) must be a power of two in [1, 2^30], got {ring_size}")
+    _check(draft_len >= 1, op, "draft_len", lambda: f"must be >= 1, got {draft_len}")
+    _same_device(kvcache.device, op, kv_score=kv_score, state=state, norm_weight=norm_weight,
+                 freqs=freqs, positions=positions, req=req, raw_out_loc=raw_out_loc,
+                 latent=latent)
+    _rows(kv_score, op, "kv_score", None, _PAIR_ROW, torch.float32)
+    n = kv_score.shape[0]
+    if draft_len > 1:
+        _check(n % draft_len == 0, op, "kv_score",
+               lambda: f"rows ({n}) must be a multiple of the draft length (draft_len="
+                       f"{draft_len}): verify takes blocks of draft_len consecutive positions "
+                       f"per request")
+        _check(ring_size > draft_len, op, "ring_size",
+               lambda: f"the pair-state ring (ring_size={ring_size}) must be wider than the "
+                       f"draft length (draft_len={draft_len})")
+    _rows(state, op, "state", None, _PAIR_ROW, torch.float32)
+    _norm_weight(norm_weight, _LATENT_DIM, op)
+    _freqs(freqs, op)
+    _index_vector(positions, op, "positions", n, *_INDEX)
+    _index_vector(req, op, "req", n, torch.int64, torch.int32)
+    _index_vector(raw_out_loc, op, "raw_out_loc", n, *_INDEX)
+    _layout_cache(kvcache, kv_layout, page_size, op)
+    _rows(latent, op, "latent", n, _LATENT_DIM, torch.bfloat16)
+
+
+@torch.library.register_fake("dsv4::c2_norm_rope_store")
+def _(kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, kvcache, page_size,
+      ring_size, draft_len, layout, latent):
+    _c2("c2_norm_rope_store", kv_score, state, norm_weight, eps, freqs, positions, req,
+        raw_out_loc, kvcache, page_size, ring_size, draft_len, layout, latent)
+    return None
+
+
+@torch.library.register_fake("dsv4::c2_prefill_norm_rope_store")
+def _(kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, extend_start_loc,
+      extend_seq_lens, kvcache, page_size, ring_size, layout, latent):
+    op = "c2_prefill_norm_rope_store"
+    _c2(op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, kvcache,
+        page_size, ring_size, 1, layout, latent)
+    _same_device(kvcache.device, op, extend_start_loc=extend_start_loc,
+                 extend_seq_lens=extend_seq_lens)
+    _dtype(extend_start_loc, op, "extend_start_loc", torch.int32)
+    _dim(extend_start_loc, op, "extend_start_loc", 1)
+    _contiguous(extend_start_loc, op, "extend_start_loc")
+    b = extend_start_loc.shape[0]
+    _index_vector(extend_seq_lens, op, "extend_seq_lens", b, torch.int32)
+    return None
+
+
+@torch.library.register_fake("dsv4::low_ratio_index_k_store")
+def _(k, norm_weight, eps, freqs, positions, loc, cache, page_size, ratio):
+    op = "low_ratio_index_k_store"
+    _check(ratio in (1, 2), op, "ratio", lambda: f"must be 1 or 2, got {ratio}")
+    _page_size(page_size, op)
+    _eps(eps, op)
+    _same_device(cache.device, op, k=k, norm_weight=norm_weight, freqs=freqs,
+                 positions=positions, loc=loc)
+    _rows(k, op, "k", None, _INDEX_K_DIM, torch.bfloat16)
+    n = k.shape[0]
+    _norm_weight(norm_weight, _INDEX_K_DIM, op)
+    _freqs(freqs, op)
+    _index_vector(positions, op, "positions", n, *_INDEX)
+    _index_vector(loc, op, "loc", n, *_INDEX)
+    _dtype(cache, op, "cache", torch.uint8)
+    _paged_cache(cache, op, "cache", page_size, _INDEX_K_SLOT_BYTES * page_size,
+                 _INDEX_K_SLOT_BYTES * 2 * page_size, "the index-K cache (68 bytes a slot)")
+    return None
+
+
+@torch.library.register_fake("dsv4::kv_store")
+def _(x, loc, freqs_rows, kvcache, page_size, layout):
+    op = "kv_store"
+    kv_layout = _layout(layout, op)
+    _page_size(page_size, op)
+    _same_device(kvcache.device, op, x=x, loc=loc, freqs_rows=freqs_rows)
+    _rows(x, op, "x", None, _LATENT_DIM, torch.bfloat16, torch.float32)
+    n = x.shape[0]
+    _index_vector(loc, op, "loc", n, *_INDEX)
+    if freqs_rows is not None:
+        _check(kv_layout not in (KVLayout.V4, KVLayout.UNIFORM_FP8), op, "freqs_rows",
+               lambda: f"(in-kernel RoPE) is only for the V41 layouts (v41, v41_fp4, v41_new, "
+                       f"v41_fp4_new), got layout {layout}")
+        _rows(freqs_rows, op, "freqs_rows", n, _ROPE_DIM, torch.float32)
+    _layout_cache(kvcache, kv_layout, page_size, op)
     return None

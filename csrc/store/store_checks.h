@@ -6,6 +6,7 @@
 #include <string>
 
 #include "include/dsv4/store_math.h"
+#include "low_ratio/low_ratio_checks.h"
 #include "op_checks.h"
 
 namespace dsv4 {
@@ -23,6 +24,7 @@ struct StoreGeometry {
   int64_t page_bytes = 0;  // actual page stride of kvcache (>= the format's page bytes)
   int64_t page_size = 0;
   int log2_page_size = 0;
+  int layout = kLayoutV4;  // KvLayout of an fp8_ds_mla store (contract V4.1 4.2)
 };
 
 inline int parse_store_format(c10::string_view s) {
@@ -50,11 +52,16 @@ inline StoreGeometry check_store_args(const at::Tensor& kv, const at::Tensor& pl
                                       const at::Tensor& norm_weight, const at::Tensor& freqs,
                                       const at::Tensor& out_loc, const at::Tensor& kvcache,
                                       int64_t compress_ratio, int64_t page_size,
-                                      c10::string_view store_format, at::DeviceType device_type) {
+                                      c10::string_view store_format, c10::string_view layout,
+                                      at::DeviceType device_type) {
   const char* op = kStoreOp;
   StoreGeometry g;
   g.format = parse_store_format(store_format);
   g.head_dim = store_head_dim(g.format);
+  g.layout = parse_kv_layout(layout, op);
+  DSV4_CHECK(g.layout == kLayoutV4 || g.format == kStoreFp8DsMla, op, "layout",
+             kv_layout_name(g.layout), " needs store_format fp8_ds_mla (head_dim 512), got ",
+             std::string(store_format.data(), store_format.size()));
   check_ratio(compress_ratio, op);
   DSV4_CHECK(page_size >= 1 && page_size <= kMaxStorePageSize &&
                  (page_size & (page_size - 1)) == 0,
@@ -102,11 +109,20 @@ inline StoreGeometry check_store_args(const at::Tensor& kv, const at::Tensor& pl
   check_contiguous(out_loc, op, "out_loc");
   g.num_out_loc = out_loc.size(0);
 
-  check_dtype(kvcache, op, "kvcache", {at::kByte});
-  DSV4_CHECK(kvcache.dim() >= 1, op, "kvcache", "must have a page dimension, got a scalar");
-  check_contiguous(kvcache, op, "kvcache");
-  g.num_pages = kvcache.size(0);
-  if (g.num_pages > 0) {
+  if (g.layout != kLayoutV4) {
+    // The V4.1 layouts: pages of layout_page_bytes (contract V4.1 3.1).
+    LowRatioGeometry lg;
+    lg.page_size = page_size;
+    check_layout_cache(kvcache, g.layout, op, lg);
+    g.num_pages = lg.num_pages;
+    g.page_bytes = lg.page_bytes;
+  } else {
+    check_dtype(kvcache, op, "kvcache", {at::kByte});
+    DSV4_CHECK(kvcache.dim() >= 1, op, "kvcache", "must have a page dimension, got a scalar");
+    check_contiguous(kvcache, op, "kvcache");
+    g.num_pages = kvcache.size(0);
+  }
+  if (g.layout == kLayoutV4 && g.num_pages > 0) {
     g.page_bytes = kvcache.numel() / g.num_pages;
     const int64_t need = store_page_bytes(g.format, page_size);
     DSV4_CHECK(g.page_bytes >= need, op, "kvcache", "pages hold ", g.page_bytes,

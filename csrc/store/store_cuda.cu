@@ -56,9 +56,12 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
                                    const at::Tensor& norm_weight, const at::Tensor& freqs,
                                    const at::Tensor& out_loc, at::Tensor& kvcache, bool is_decode,
                                    int64_t compress_ratio, double eps, int64_t page_size,
-                                   c10::string_view store_format) {
+                                   c10::string_view store_format, c10::string_view layout) {
   const StoreGeometry g = check_store_args(kv, plan, norm_weight, freqs, out_loc, kvcache,
-                                           compress_ratio, page_size, store_format, at::kCUDA);
+                                           compress_ratio, page_size, store_format, layout,
+                                           at::kCUDA);
+  DSV4_CHECK(g.layout == kLayoutV4, kStoreOp, "layout", kv_layout_name(g.layout),
+             " is not supported by the CUDA/HIP kernel of this build");
   check_store_eps(eps);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
