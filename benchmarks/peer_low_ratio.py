@@ -29,7 +29,8 @@ op time. Writes low_ratio.json and low_ratio.md under --out; ratio = reference /
 (> 1: dsv4_ops faster). Exit status: 0 all ran and conform, 1 nothing measured (imports),
 2 some case failed or did not conform, 3 the CUDA context was lost.
 --selftest: tiny cases on the CPU, dsv4_ops against a stand-in peer built from the
-whole-sequence oracle (dsv4_ops.testing.reference_v41); measures nothing meaningful.
+whole-sequence oracle (dsv4_ops.testing.reference_v41; its float64 pooling allows a
+differing latent element 2 ulps, see OracleStandIn); measures nothing meaningful.
 """
 from __future__ import annotations
 
@@ -398,6 +399,9 @@ class OracleStandIn:
     pooling and norm, torch's conversions): what --selftest compares dsv4_ops with."""
 
     name = "oracle stand-in"
+    # Its pairs pool in float64: where the float32 pooled value of a kernel lands on a bf16
+    # rounding tie, the two round apart by one ulp, which the norm can widen to two.
+    latent_max_ulp = 2
 
     @staticmethod
     def _store(latent, rope_pos, freqs, cache, slots, layout, ps):
@@ -541,10 +545,11 @@ def slots_with_data(flat: torch.Tensor, inp: Dict[str, Any]) -> int:
 
 
 def conformance(inp: Dict[str, Any], ref: Dict[str, torch.Tensor],
-                ours: Dict[str, torch.Tensor]) -> Dict[str, Any]:
-    """The rules of the module docstring; {"ok": bool, ...counts}. Both engines must also
-    have stored every slot the case stores (`slots_with_data`)."""
-    res = _conformance(inp, ref, ours)
+                ours: Dict[str, torch.Tensor], max_ulp: int = 1) -> Dict[str, Any]:
+    """The rules of the module docstring ({"ok": bool, ...counts}), a differing latent element
+    being allowed `max_ulp` bf16 ulps. Both engines must also have stored every slot the case
+    stores (`slots_with_data`)."""
+    res = _conformance(inp, ref, ours, max_ulp)
     expected = int(stored_slots(inp).numel())
     got = {a: slots_with_data(o["cache"].view(torch.uint8).reshape(-1), inp)
            for a, o in zip(APIS, (ref, ours))}
@@ -553,7 +558,7 @@ def conformance(inp: Dict[str, Any], ref: Dict[str, torch.Tensor],
     return res
 
 
-def _conformance(inp, ref, ours) -> Dict[str, Any]:
+def _conformance(inp, ref, ours, max_ulp: int) -> Dict[str, Any]:
     import dsv4_ops.layout as L
 
     case = inp["case"]
@@ -583,14 +588,16 @@ def _conformance(inp, ref, ours) -> Dict[str, Any]:
     rows = written_rows(inp)
     diff = (_ordered_bf16(ref["latent"]) - _ordered_bf16(ours["latent"])).abs()
     n_el = int(rows.sum()) * HEAD_DIM
-    max_ulp = int(diff.max()) if diff.numel() else 0
+    worst = int(diff.max()) if diff.numel() else 0
     n_1ulp = int((diff == 1).sum())
-    latent_ok = max_ulp <= 1 and n_1ulp <= 0.001 * max(1, n_el)
+    n_differ = int((diff != 0).sum())
+    latent_ok = worst <= max_ulp and n_differ <= 0.001 * max(1, n_el)
     differ_rows = (diff != 0).any(dim=1) & rows
     excl = _token_byte_mask(fr.numel(), inp["slot"][differ_rows], case.layout, case.page_size,
                             fr.device)
     n_cache = int(((fr != fo) & ~excl).sum())
-    res.update(latent_elems=n_el, latent_max_ulp=max_ulp, latent_1ulp=n_1ulp,
+    res.update(latent_elems=n_el, latent_max_ulp=worst, latent_1ulp=n_1ulp,
+               latent_differ=n_differ,
                latent_rows_differ=int(differ_rows.sum()), cache_bytes_differ=n_cache)
     ok = latent_ok and n_cache == 0
     if "state" in ref:
@@ -705,7 +712,8 @@ def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: Settings, devi
             if lost:
                 raise C.DeviceLost(lost) from e
     if len(fns) == 2:
-        rec["conformance"] = conformance(inp, *(outs[a] for a in APIS))
+        rec["conformance"] = conformance(inp, *(outs[a] for a in APIS),
+                                         max_ulp=getattr(apis["sglang"], "latent_max_ulp", 1))
     big = inp["n"] >= 4096
     if time_it:
         for name, fn in fns.items():
