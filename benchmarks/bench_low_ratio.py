@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The V4.1 ops alone (docs/contract.md V4.1): c2_norm_rope_store (ratio-2 decode, verify),
 c2_prefill_norm_rope_store, c1_norm_rope_store (ratio 1, decode and prefill rows),
-low_ratio_index_k_store (ratios 1 and 2) and kv_store, through the drop-in Python layer,
+low_ratio_index_k_store (ratios 1 and 2), kv_store and compress_norm_rope_store into the
+V4.1 layouts (`cnrs`), through the drop-in Python layer,
 on the cases of benchmarks/peer_low_ratio.py (the same inputs, byte model and names; the
 reference engine's side is peer_low_ratio's). --quick: layouts v41_fp4 and v4, decode batch 8
 and 1024; --smoke: peer_low_ratio's tiny self-test cases. check: every slot the case stores

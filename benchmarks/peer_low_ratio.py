@@ -20,9 +20,13 @@ Cases (name = op/layout/pps{page_size}/shape):
   index_k  ratios 1 and 2 at the decode batches and prefills (its own 68-byte cache).
   kv_store fused_store_cache(type="flashmla") into v41 / v41_fp4 / v41_new with per-row
       freqs, and v4 without.
+  cnrs compress_norm_rope_store(..., layout=v41 / v41_fp4 / v41_new) of ratio-4 decode rows
+      (every request closing a window; each engine's own legacy decode plan, made outside
+      the timed call), kv fp32, and bf16 at the largest batch.
 Conformance: the latent equal or within 1 bf16 ulp on <= 0.1 % of the written elements; the
 cache bytes equal everywhere except the token slots of rows whose latents differ; the state
-ring bitwise equal; kv_store caches equal; index-K: <= 0.1 % of the live token slots differ.
+ring bitwise equal; kv_store caches equal; index-K and cnrs: <= 0.1 % of the stored token
+slots differ, no byte outside them.
 Floor: the case's minimum bytes (read + written, `case_bytes`) over the cold time of a
 device copy moving as many bytes (read + write), timed the same way: % floor = copy time /
 op time. Writes low_ratio.json and low_ratio.md under --out; ratio = reference / dsv4_ops
@@ -73,7 +77,10 @@ DECODE_POS = (1024, 8192)
 FULL_PAGE = 256
 APIS = ("sglang", "dsv4")
 OP_FAMILY = {"c1": "c1", "c1_prefill": "c1", "c2": "c2", "c2_verify": "c2", "c2_prefill": "c2",
-             "index_k": "index_k", "index_k_prefill": "index_k", "kv_store": "kv_store"}
+             "index_k": "index_k", "index_k_prefill": "index_k", "kv_store": "kv_store",
+             "cnrs": "cnrs"}
+CNRS_LAYOUTS = ("v41", "v41_fp4", "v41_new")   # compress_norm_rope_store(layout=...), ratio 4
+CNRS_RATIO = 4
 # --selftest: tiny shapes
 SELFTEST_DECODE_BS = (1, 8)
 SELFTEST_VERIFY = ((4, 3), (2, 6))
@@ -90,7 +97,9 @@ def log(*a: Any) -> None:
 # --------------------------------------------------------------------------------------
 @dataclass
 class Case:
-    """op: c1 | c2 | c2_verify | c2_prefill | c1_prefill | index_k | index_k_prefill | kv_store;
+    """op: c1 | c2 | c2_verify | c2_prefill | c1_prefill | index_k | index_k_prefill | kv_store |
+    cnrs (compress_norm_rope_store of ratio-4 decode rows, every one closing a window; kv
+    fp32, bf16 where the shape ends in _bf16);
     layout (index_k: None), page_size, shape: bs (decode rows = requests), draft_len
     (verify), reqs [(prefix, extend_len)] (prefill), ratio (index_k)."""
     op: str
@@ -154,6 +163,12 @@ def case_list(quick: bool = False, layouts: Optional[Sequence[str]] = None,
                 out.append(Case("kv_store", lay, ps, f"dec_bs{bs}", bs=bs, pos_range=pr))
             name, reqs = pre[0]
             out.append(Case("kv_store", lay, ps, name, reqs=reqs))
+        for lay in CNRS_LAYOUTS:
+            if lay not in layouts:
+                continue
+            for bs in dec:
+                out.append(Case("cnrs", lay, ps, f"dec_bs{bs}", bs=bs, pos_range=pr))
+            out.append(Case("cnrs", lay, ps, f"dec_bs{dec[-1]}_bf16", bs=dec[-1], pos_range=pr))
     return out
 
 
@@ -213,7 +228,22 @@ def build_inputs(case: Case, device, seed: Optional[int] = None) -> Dict[str, An
     max_pos = int(pos.max()) + 2
     freqs = _rope_rows(max_pos)
     ps = case.page_size
-    if case.op in ("index_k", "index_k_prefill"):
+    if case.op == "cnrs":
+        from dsv4_ops.testing import worlds
+
+        lay = L.KVLayout.parse(case.layout)
+        b = case.bs
+        seq = (pos // CNRS_RATIO + 1) * CNRS_RATIO          # every request closes a window
+        cpp = FULL_PAGE // CNRS_RATIO                         # compressed slots per FULL page
+        loc = (raw // FULL_PAGE) * cpp + (seq // CNRS_RATIO - 1) % cpp
+        dt = torch.bfloat16 if case.shape.endswith("_bf16") else torch.float32
+        inp.update(kv=torch.randn(b, HEAD_DIM, generator=gen).to(dt), seq_lens=seq, req=rid,
+                   positions=seq - CNRS_RATIO,
+                   out_loc=loc, freqs=worlds.rope_table(int(seq.max()) + 1),
+                   norm_weight=1 + 0.1 * torch.randn(HEAD_DIM, generator=gen))
+        inp["cache0"] = torch.zeros(int(loc.max()) // ps + 1, lay.page_bytes(ps),
+                                    dtype=torch.uint8)
+    elif case.op in ("index_k", "index_k_prefill"):
         r = case.ratio
         loc = torch.where((pos + 1) % r == 0, raw // r, torch.full_like(raw, -1))
         inp.update(k=torch.randn(n, INDEX_DIM, generator=gen).to(torch.bfloat16),
@@ -300,6 +330,13 @@ def call_fn(api, inp: Dict[str, Any], outs: Dict[str, torch.Tensor]) -> Callable
         f = _need(api, "index_k_norm_rope_pack_store")
         return lambda: f(inp["k"], inp["norm_weight"], C.NORM_EPS, inp["freqs"],
                          inp["positions"], inp["loc"], outs["cache"], ratio=case.ratio)
+    if case.op == "cnrs":
+        f = _need(api, "compress_norm_rope_store")
+        plan = _need(api, "CompressorDecodePlan").generate_legacy(CNRS_RATIO, inp["req"],
+                                                                  inp["seq_lens"])
+        return lambda: f(inp["kv"], plan, norm_weight=inp["norm_weight"], norm_eps=C.NORM_EPS,
+                         freq_cis=inp["freqs"], out_loc=inp["out_loc"], kvcache=outs["cache"],
+                         page_size=ps, layout=case.layout)
     if case.op == "kv_store":
         f = _need(api, "fused_store_cache")
         return lambda: f(inp["x"], outs["cache"], inp["loc"], page_size=ps, type="flashmla",
@@ -318,7 +355,8 @@ def dsv4_api() -> SimpleNamespace:
     import dsv4_ops
 
     names = ("c1_decode_norm_rope_store", "c2_decode_norm_rope_store",
-             "c2_prefill_norm_rope_store", "fused_store_cache", "index_k_norm_rope_pack_store")
+             "c2_prefill_norm_rope_store", "fused_store_cache", "index_k_norm_rope_pack_store",
+             "compress_norm_rope_store", "CompressorDecodePlan")
     return SimpleNamespace(name="dsv4_ops", **{n: getattr(dsv4_ops, n, None) for n in names})
 
 
@@ -338,13 +376,16 @@ def sglang_api() -> SimpleNamespace:
     attn = importlib.import_module(REF_PKG + ".attn")
     fir = importlib.import_module(REF_PKG + ".fp4_indexer_rope")
     kvl = importlib.import_module(REF_PKG + ".kv_layout")
+    comp = importlib.import_module(REF_PKG + ".compress")
     return SimpleNamespace(
         name="sglang", modules=SimpleNamespace(lr=lr, attn=attn, fir=fir, KVLayout=kvl.KVLayout),
         c1_decode_norm_rope_store=lr.c1_decode_norm_rope_store,
         c2_decode_norm_rope_store=lr.c2_decode_norm_rope_store,
         c2_prefill_norm_rope_store=lr.c2_prefill_norm_rope_store,
         fused_store_cache=attn.fused_store_cache,
-        index_k_norm_rope_pack_store=fir.index_k_norm_rope_pack_store)
+        index_k_norm_rope_pack_store=fir.index_k_norm_rope_pack_store,
+        compress_norm_rope_store=comp.compress_norm_rope_store,
+        CompressorDecodePlan=comp.CompressorDecodePlan)
 
 
 def sglang_builders(api, cases: Sequence[Case]) -> List[Tuple[str, Callable[[], Any]]]:
@@ -480,6 +521,26 @@ class OracleStandIn:
             v = v.float().to(input.dtype).float()
         R.store_rows(cache, v, indices.long(), layout, page_size)
 
+    class CompressorDecodePlan:
+        """(ratio, seq_lens): what the stand-in's store needs of a decode plan."""
+
+        @staticmethod
+        def generate_legacy(compress_ratio, req_pool_indices, seq_lens):
+            return (compress_ratio, seq_lens)
+
+    def compress_norm_rope_store(self, kv, plan, *, norm_weight, norm_eps, freq_cis, out_loc,
+                                 kvcache, page_size, layout="v4"):
+        from dsv4_ops.testing import reference_v41 as R
+        from dsv4_ops.testing.reference import rope
+
+        ratio, seq = plan[0], plan[1].long()
+        rows = (seq % ratio == 0).nonzero().flatten()
+        x = kv[rows].double()
+        w = norm_weight.to(kv.dtype).double()
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps) * w
+        y = rope(y.to(kv.dtype).double(), seq[rows] - ratio, freq_cis, HEAD_DIM - ROPE_DIM)
+        R.store_rows(kvcache, y.to(kv.dtype).float(), out_loc[rows].long(), layout, page_size)
+
     def index_k_norm_rope_pack_store(self, input, norm_weight, eps, freqs_cis, positions, loc,
                                      cache, *, ratio):
         from dsv4_ops.testing import reference_v41 as R
@@ -521,27 +582,37 @@ def stored_slots(inp: Dict[str, Any]) -> torch.Tensor:
         return loc[loc > 0].to(torch.int64)
     if case.op == "kv_store":
         return inp["loc"].to(torch.int64)
+    if case.op == "cnrs":
+        return inp["out_loc"].to(torch.int64)
     slot = inp["slot"][written_rows(inp)]
     return slot[slot > 0].to(torch.int64)
+
+
+def token_bytes_at(inp: Dict[str, Any], slots: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(data, scales): flat byte indices [n, bytes] of the tokens at cache slots `slots`
+    (index-K: 64 code and 4 exponent bytes; layouts: data and written scale bytes)."""
+    import dsv4_ops.layout as L
+
+    case, dev = inp["case"], slots.device
+    if case.op.startswith("index_k"):
+        nd, ns = 64, 4
+        d, s = L.token_byte_offsets(slots, case.page_size, nd, ns,
+                                    INDEX_K_SLOT_BYTES * case.page_size)
+    else:
+        lay = L.KVLayout.parse(case.layout)
+        nd, ns = lay.data_bytes, lay.scales_written
+        d, s = lay.token_offsets(slots, case.page_size)
+    return (d[:, None] + torch.arange(nd, device=dev), s[:, None] + torch.arange(ns, device=dev))
 
 
 def slots_with_data(flat: torch.Tensor, inp: Dict[str, Any]) -> int:
     """How many of the stored slots hold a token whose data bytes are not all zero (the
     caches start zeroed): both engines writing nothing would otherwise conform."""
-    import dsv4_ops.layout as L
-
-    case, slots = inp["case"], stored_slots(inp)
+    slots = stored_slots(inp)
     if not slots.numel():
         return 0
-    if case.op.startswith("index_k"):
-        nbytes = 64
-        d, _ = L.token_byte_offsets(slots, case.page_size, 64, 4, INDEX_K_SLOT_BYTES * case.page_size)
-    else:
-        lay = L.KVLayout.parse(case.layout)
-        nbytes = lay.data_bytes
-        d, _ = lay.token_offsets(slots, case.page_size)
-    data = flat[d[:, None] + torch.arange(nbytes, device=flat.device)]
-    return int((data != 0).any(dim=1).sum())
+    d, _ = token_bytes_at(inp, slots)
+    return int((flat[d] != 0).any(dim=1).sum())
 
 
 def conformance(inp: Dict[str, Any], ref: Dict[str, torch.Tensor],
@@ -559,8 +630,6 @@ def conformance(inp: Dict[str, Any], ref: Dict[str, torch.Tensor],
 
 
 def _conformance(inp, ref, ours, max_ulp: int) -> Dict[str, Any]:
-    import dsv4_ops.layout as L
-
     case = inp["case"]
     res: Dict[str, Any] = {}
     fr = ref["cache"].view(torch.uint8).reshape(-1)
@@ -569,18 +638,14 @@ def _conformance(inp, ref, ours, max_ulp: int) -> Dict[str, Any]:
         nd = int((fr != fo).sum())
         res.update(cache_bytes_differ=nd, ok=nd == 0)
         return res
-    if case.op.startswith("index_k"):
-        loc = inp["loc"]
-        live = loc[loc > 0].to(torch.int64)
-        ps = case.page_size
-        d, s = L.token_byte_offsets(live, ps, 64, 4, INDEX_K_SLOT_BYTES * ps)
-        cols_d, cols_s = (torch.arange(64, device=live.device), torch.arange(4, device=live.device))
-        tok_diff = ((fr[d[:, None] + cols_d] != fo[d[:, None] + cols_d]).any(1)
-                    | (fr[s[:, None] + cols_s] != fo[s[:, None] + cols_s]).any(1))
+    if case.op.startswith("index_k") or case.op == "cnrs":
+        live = stored_slots(inp)
+        d, s = token_bytes_at(inp, live)
+        tok_diff = (fr[d] != fo[d]).any(1) | (fr[s] != fo[s]).any(1)
         n_tok = int(tok_diff.sum())
         outside = torch.ones_like(fr, dtype=torch.bool)
-        outside[(d[:, None] + cols_d).flatten()] = False
-        outside[(s[:, None] + cols_s).flatten()] = False
+        outside[d.flatten()] = False
+        outside[s.flatten()] = False
         n_out = int((fr[outside] != fo[outside]).sum())
         res.update(tokens=int(live.numel()), tokens_differ=n_tok, bytes_outside_differ=n_out,
                    ok=n_out == 0 and n_tok <= 0.001 * max(1, live.numel()))
@@ -629,6 +694,9 @@ def case_bytes(inp: Dict[str, Any]) -> int:
     if case.op.startswith("index_k"):
         live = int((inp["loc"] > 0).sum())
         return n * (INDEX_DIM * 2 + 16) + live * (ROPE_DIM * 4 + INDEX_K_SLOT_BYTES) + INDEX_DIM * 2
+    if case.op == "cnrs":  # every row closes a window: kv, freqs row, out_loc, plan row
+        return n * (inp["kv"].element_size() * HEAD_DIM + ROPE_DIM * 4 + 8 + 16
+                    + token_bytes(case.layout)) + HEAD_DIM * 4
     if case.op == "kv_store":
         rope = 0 if inp["freqs_rows"] is None else ROPE_DIM * 4
         return n * (HEAD_DIM * 2 + 8 + rope + token_bytes(case.layout))

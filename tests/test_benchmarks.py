@@ -25,7 +25,7 @@ def test_benchmark_runner_smoke(tmp_path):
     assert {r["op"] for r in rows} >= {
         "plan_decode", "plan_prefill_hostlens", "plan_prefill_devlens", "compress_decode",
         "compress_prefill", "store_decode", "store_prefill", "decode_step", "c1", "c1_prefill",
-        "c2", "c2_verify", "c2_prefill", "index_k", "index_k_prefill", "kv_store"}
+        "c2", "c2_verify", "c2_prefill", "index_k", "index_k_prefill", "kv_store", "cnrs"}
     bad = [(r["case"], r["op"], r["error"], r.get("check")) for r in rows
            if r["error"] or r.get("check") not in (None, "ok")]
     assert not bad, bad
@@ -130,6 +130,6 @@ def test_low_ratio_selftest(tmp_path):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = json.loads((tmp_path / "low_ratio.json").read_text())["joined"]
     assert {r["op"] for r in rows} == {"c1", "c1_prefill", "c2", "c2_verify", "c2_prefill",
-                                       "index_k", "index_k_prefill", "kv_store"}
+                                       "index_k", "index_k_prefill", "kv_store", "cnrs"}
     assert all(r["conform"] == "ok" and not r["note"] for r in rows)
     assert "c2/v41_fp4/ps64/p3x40" in (tmp_path / "low_ratio.md").read_text()
