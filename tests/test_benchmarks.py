@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 
+import torch
+
+from dsv4_ops.layout import KVLayout
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -17,15 +21,115 @@ def test_benchmark_runner_smoke(tmp_path):
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert {r["family"] for r in rows} >= {"plan", "compress", "store", "step"}
+    assert {r["family"] for r in rows} >= {"plan", "compress", "store", "step", "low_ratio"}
     assert {r["op"] for r in rows} >= {
         "plan_decode", "plan_prefill_hostlens", "plan_prefill_devlens", "compress_decode",
-        "compress_prefill", "store_decode", "store_prefill", "decode_step"}
+        "compress_prefill", "store_decode", "store_prefill", "decode_step", "c1", "c1_prefill",
+        "c2", "c2_verify", "c2_prefill", "index_k", "index_k_prefill", "kv_store", "cnrs"}
     bad = [(r["case"], r["op"], r["error"], r.get("check")) for r in rows
            if r["error"] or r.get("check") not in (None, "ok")]
     assert not bad, bad
     assert all(r["time_us"] > 0 for r in rows)
     # Every output check that the scripts make ran on some row of each op family.
-    assert {r["family"] for r in rows if r.get("check") == "ok"} >= {"plan", "compress", "store"}
+    assert {r["family"] for r in rows if r.get("check") == "ok"} >= {"plan", "compress", "store",
+                                                                   "low_ratio"}
     table = (tmp_path / "results.md").read_text()
     assert "compress_prefill" in table and "store_decode" in table
+
+
+def _low_ratio_case(op, layout, **kw):
+    from benchmarks import peer_low_ratio as P
+
+    return next(c for c in P.case_list(selftest=True, layouts=[layout] if layout else None)
+                if c.op == op and all(getattr(c, k) == v for k, v in kw.items()))
+
+
+def _low_ratio_pair(case):
+    """The case's inputs and two runs of the oracle stand-in (identical outputs)."""
+    from benchmarks import peer_low_ratio as P
+
+    inp = P.build_inputs(case, "cpu")
+    outs = []
+    for _ in range(2):
+        o = P.fresh_outputs(inp)
+        P.call_fn(P.OracleStandIn(), inp, o)()
+        outs.append(o)
+    return inp, outs[0], outs[1]
+
+
+def test_low_ratio_conformance_rules():
+    """peer_low_ratio.conformance: equal runs conform; one 1-ulp latent element is allowed,
+    a 2-ulp one, a changed cache byte of a row with equal latents, a changed state row or an
+    unwritten cache are not; the cache bytes of a row whose latent differs are not compared."""
+    from benchmarks import peer_low_ratio as P
+
+    case = _low_ratio_case("c2_prefill", "v41_fp4")
+    inp, ref, ours = _low_ratio_pair(case)
+    assert P.conformance(inp, ref, ours)["ok"]
+    row = int(P.written_rows(inp).nonzero()[0])
+    bits = ours["latent"].view(torch.int16)
+
+    one = {k: v.clone() for k, v in ours.items()}
+    one["latent"].view(torch.int16)[row, 3] = bits[row, 3] + 1
+    res = P.conformance(inp, ref, one)
+    assert res["latent_1ulp"] == 1 and res["ok"]
+    # a 1-ulp row's cache slot may differ: its bytes are left out of the comparison
+    lay = KVLayout.parse(case.layout)
+    at, _ = lay.token_offsets(int(inp["slot"][row]), case.page_size)
+    one["cache"].view(-1)[at] ^= 1
+    assert P.conformance(inp, ref, one)["ok"]
+
+    two = {k: v.clone() for k, v in ours.items()}
+    two["latent"].view(torch.int16)[row, 3] = bits[row, 3] + 2
+    assert not P.conformance(inp, ref, two)["ok"]
+    assert P.conformance(inp, ref, two, max_ulp=2)["ok"]
+
+    byte = {k: v.clone() for k, v in ours.items()}
+    byte["cache"].view(-1)[at] ^= 1
+    res = P.conformance(inp, ref, byte)
+    assert res["cache_bytes_differ"] == 1 and not res["ok"]
+
+    state = {k: v.clone() for k, v in ours.items()}
+    state["state"][0, 0] += 1
+    assert not P.conformance(inp, ref, state)["ok"]
+
+    empty = {k: v.clone() for k, v in ours.items()}
+    empty["cache"].zero_()
+    res = P.conformance(inp, {**ref, "cache": empty["cache"].clone()}, empty)
+    assert res["slots_dsv4"] == 0 and not res["ok"]
+
+
+def test_low_ratio_case_inputs():
+    """The case builders: decode rows of both parities, raw_out_loc's parity following the
+    position, distinct stored slots; verify blocks of consecutive positions; prefill requests
+    with an odd first position; the byte model counts what the op must move."""
+    from benchmarks import peer_low_ratio as P
+
+    inp = P.build_inputs(_low_ratio_case("c2", "v4", bs=8), "cpu")
+    pos, raw = inp["positions"], inp["raw_out_loc"]
+    assert set((pos % 2).tolist()) == {0, 1} and torch.equal(pos % 2, raw % 2)
+    assert (raw >= P.FULL_PAGE).all() and P.stored_slots(inp).unique().numel() == 4
+    ver = P.build_inputs(_low_ratio_case("c2_verify", "v4", bs=4, draft_len=3), "cpu")
+    blocks = ver["positions"].view(4, 3)
+    assert (blocks[:, 1:] - blocks[:, :-1] == 1).all() and ver["req"].view(4, 3).unique(dim=1).shape[1] == 1
+    pre = P.build_inputs(_low_ratio_case("c2_prefill", "v4"), "cpu")
+    firsts = pre["positions"][pre["extend_start_loc"].long()]
+    assert (firsts % 2 == 1).any() and (firsts % 2 == 0).any()
+    n_odd = int((pre["positions"] % 2 == 1).sum())
+    assert P.case_bytes(pre) > n_odd * (1024 + 584) + pre["n"] * 4096
+
+
+def test_low_ratio_selftest(tmp_path):
+    """`python -m benchmarks.peer_low_ratio --selftest`: every case's inputs built at a tiny
+    size, dsv4_ops run on the CPU and compared with the oracle stand-in; all conform."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    run = subprocess.run([sys.executable, "-m", "benchmarks.peer_low_ratio", "--selftest",
+                          "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    rows = json.loads((tmp_path / "low_ratio.json").read_text())["joined"]
+    assert {r["op"] for r in rows} == {"c1", "c1_prefill", "c2", "c2_verify", "c2_prefill",
+                                       "index_k", "index_k_prefill", "kv_store", "cnrs"}
+    assert all(r["conform"] == "ok" and not r["note"] for r in rows)
+    assert "c2/v41_fp4/ps64/p3x40" in (tmp_path / "low_ratio.md").read_text()
