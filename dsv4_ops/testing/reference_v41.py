@@ -44,11 +44,11 @@ def pair_pool(kv_score: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """bf16(x * rsqrt(mean(x^2) + eps) * w) over the last dim, x being bf16 values (float64
-    math), as bf16."""
+    """bf16(x * rsqrt(mean(x^2) + eps) * w) over the last dim, x being bf16 values: float64
+    math, rounded to the contract's fp32 result and then to bf16."""
     y = x.to(torch.float64)
     y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(torch.float64)
-    return y.to(torch.bfloat16)
+    return y.to(torch.float32).to(torch.bfloat16)
 
 
 def group_positions(ratio: int, positions: torch.Tensor) -> torch.Tensor:
@@ -65,7 +65,9 @@ def latents(rows: torch.Tensor, ratio: int, norm_weight: torch.Tensor, eps: floa
     if ratio == 1:
         return rms_norm(rows, norm_weight, eps), torch.arange(rows.shape[0])
     if ratio == 2:
-        pooled = pair_pool(rows).to(torch.bfloat16)
+        # the contract pools in fp32: the fp64 value rounded to fp32 first, so that an fp32
+        # result on a bf16 tie rounds as the kernels' does
+        pooled = pair_pool(rows).to(torch.float32).to(torch.bfloat16)
         return rms_norm(pooled, norm_weight, eps), torch.arange(1, 2 * pooled.shape[0], 2)
     raise ValueError(f"reference_v41.latents: ratio must be 1 or 2, got {ratio!r}")
 
