@@ -38,7 +38,7 @@ def test_rows_that_store_nothing(device):
     (every c1 row), the cache untouched."""
     layout, ps = KVLayout.V41_FP4, 2
     g, kv, w, freqs, pos, loc, cache = _case(3, 8, layout, ps, pages=4)
-    loc[:] = torch.tensor([0, -1, -7, 4 * ps, 4 * ps + 5, 5, 6, 7])
+    loc = torch.tensor([0, -1, -7, 4 * ps, 4 * ps + 5, 5, 6, 7])
     pos[5] = MAX_POS                             # outside the table
     pos[6] = -1
     latent, after = lr.check_c1(device, kv, w, freqs, pos, loc, cache, ps, layout, g)
@@ -78,7 +78,7 @@ def test_python_layer(device):
     layout, ps = KVLayout.V41_NEW, 64
     g, kv, w, freqs, pos, loc, cache = _case(5, 6, layout, ps)
     cplx = torch.view_as_complex(freqs.view(MAX_POS, 32, 2).contiguous())
-    d_cache = cache.to(device)
+    d_cache = cache.to(device, copy=True)
     latent = dsv4_ops.c1_decode_norm_rope_store(kv.to(device), w.to(device), pos.to(device),
                                                 loc.to(device), lr.EPS, cplx.to(device), d_cache,
                                                 page_size=ps, layout=layout)

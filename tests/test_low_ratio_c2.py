@@ -42,7 +42,7 @@ def test_every_layout_and_page_size(device, layout, ps):
     lengths = {0: 9, 2: 12, 1: 5}
     world = PairWorld(device, {rid: n + 2 for rid, n in lengths.items()}, ring=4,
                       layout=layout, page_size=ps, seed=7 + ps)
-    start = world.cache.cpu()
+    start = world.cache.cpu().clone()
     world.prefill([(rid, 0, n) for rid, n in lengths.items()], pad_tail=2)
     for step in range(2):
         world.decode([(rid, n + step) for rid, n in lengths.items()])
