@@ -57,7 +57,7 @@ def _kv_case(seed, n, layout, ps, dtype, pages=None):
     pages = pages or max(2, -(-(n + 2) // ps))
     x = (torch.randn(n, lr.HD, generator=g) * torch.pow(2.0, torch.randint(-6, 5, (n, 1),
                                                                           generator=g))).to(dtype)
-    loc = torch.randperm(pages * ps, generator=g)[:n]
+    loc = torch.randperm(pages * ps - 1, generator=g)[:n] + 1    # distinct, slot 0 free
     cache = lr.cache_for(layout, pages, ps, g)
     return g, x, loc, cache
 
