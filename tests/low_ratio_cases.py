@@ -477,8 +477,9 @@ def identity_freqs(max_pos: int) -> torch.Tensor:
     return f
 
 
-def sign_row_bytes(layout) -> Tuple[List[int], List[int]]:
-    """(data, written scales) a store of the crafted row (identity rotation) must write."""
+def sign_row_bytes(layout, minus_zero: bool = True) -> Tuple[List[int], List[int]]:
+    """(data, written scales) a store of the crafted latent (identity rotation) must write;
+    minus_zero False: the latent's -0 entries are +0 (a pooled row: 0 * 0 + -0 is +0)."""
     layout = KVLayout.parse(layout)
     enc = layout.encoding
     if enc is KVLayout.V41:
@@ -486,6 +487,7 @@ def sign_row_bytes(layout) -> Tuple[List[int], List[int]]:
     if enc is KVLayout.UNIFORM_FP8:
         return list(SIGN_UNIFORM_CODES) * 32, []
     if enc is KVLayout.V41_FP4:
-        return list(SIGN_FP4_BYTES) * 28 + list(SIGN_FP4_ROPE_BYTES) * 4, [SIGN_FP4_SCALE] * 32
+        nope = SIGN_FP4_BYTES if minus_zero else SIGN_FP4_ROPE_BYTES
+        return list(nope) * 28 + list(SIGN_FP4_ROPE_BYTES) * 4, [SIGN_FP4_SCALE] * 32
     rope = [b for v in SIGN_V4_ROPE_BF16 for b in (v & 0xFF, v >> 8)]
     return list(SIGN_V41_CODES) * 28 + rope * 4, [SIGN_EXPONENT] * 7

@@ -632,3 +632,42 @@ def test_compress_norm_rope_store_v41_layout_needs_fp8_ds_mla(device, fmt):
                lambda: OPS.compress_norm_rope_store(*a.values(), layout.value))
     raises("compress_norm_rope_store", "layout",
            lambda: OPS.compress_norm_rope_store(*a.values(), "v5"))
+
+
+LOW_RATIO_DEBUG = [
+    # (sample, wrapper in dsv4_ops.ops, argument, row, value, message)
+    ("c1_norm_rope_store", "c1_norm_rope_store_op", "out_loc", 1, 10 ** 6, "kvcache page outside"),
+    ("c1_norm_rope_store", "c1_norm_rope_store_op", "positions", 0, 64, "RoPE position outside"),
+    ("c2_decode", "c2_norm_rope_store_op", "req", 0, 100, "pair-state ring outside state"),
+    ("c2_decode", "c2_norm_rope_store_op", "req", 1, -1, "pair-state ring outside state"),
+    ("c2_decode", "c2_norm_rope_store_op", "positions", 1, -2, "negative position"),
+    ("c2_decode", "c2_norm_rope_store_op", "raw_out_loc", 2, 10 ** 6 + 1, "kvcache page outside"),
+    ("c2_verify", "c2_norm_rope_store_op", "positions", 1, 99, "RoPE position outside"),
+    ("c2_prefill", "c2_prefill_norm_rope_store_op", "extend_seq_lens", 1, 5, "row range outside"),
+    ("c2_prefill", "c2_prefill_norm_rope_store_op", "req", 3, 50, "pair-state ring outside"),
+    ("low_ratio_index_k_store", "low_ratio_index_k_store_op", "loc", 0, 10 ** 5, "cache page outside"),
+    ("low_ratio_index_k_store", "low_ratio_index_k_store_op", "positions", 3, 64, "RoPE position"),
+    ("kv_store_rope", "kv_store_op", "loc", 0, 10 ** 5, "kvcache page outside"),
+]
+
+
+@pytest.mark.parametrize("sample,wrapper,arg,row,value,message", LOW_RATIO_DEBUG,
+                         ids=[f"{c[0]}-{c[2]}" for c in LOW_RATIO_DEBUG])
+def test_low_ratio_debug_mode_names_the_row(device, debug_mode, sample, wrapper, arg, row,
+                                            value, message):
+    """Debug mode (contract V4.1 4.4): a row outside state / the cache / freqs is an error
+    naming the op and the row; normal mode skips it (the call succeeds)."""
+    from op_samples import low_ratio_samples
+    op, args = low_ratio_samples(device)[sample]
+    names = [a.name for a in op.default._schema.arguments]
+    args = list(args)
+    i = names.index(arg)
+    args[i] = args[i].clone()
+    args[i][row] = value
+    call = getattr(ops, wrapper)
+    name = op.default._schema.name.split("::")[1]
+    with pytest.raises(ValueError, match=rf"dsv4\.{name}: row {row} .*{message}"):
+        call(*args)
+    dsv4_ops.set_debug(False)
+    if arg != "extend_seq_lens":
+        call(*args)
