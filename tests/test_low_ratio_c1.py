@@ -113,3 +113,21 @@ def test_sign_of_zero_by_hand(device, layout):
     want_data, want_scales = lr.sign_row_bytes(layout)
     assert data[0].tolist() == want_data
     assert scales[0].tolist() == want_scales
+
+
+@pytest.mark.parametrize("layout", [KVLayout.V41, KVLayout.V41_FP4_NEW], ids=["v41", "v41_fp4_new"])
+def test_padded_pages(device, layout):
+    """Pages wider than the layout's page bytes (by less than a doubling): the bytes of the
+    unpadded cache at the same page offsets, the padding untouched."""
+    ps = 2
+    g, kv, w, freqs, pos, loc, cache = _case(7, 8, layout, ps)
+    pb = layout.page_bytes(ps)
+    padded = torch.cat([cache, lr.random_bytes((cache.shape[0], 40), g)], 1)
+    latent0 = lr.random_bytes((8, lr.HD), g, torch.bfloat16)
+    latent, plain = lr.check_c1(device, kv, w, freqs, pos, loc, cache, ps, layout, g)
+    d_padded, d_lat = lr.to(device, padded, latent0)
+    lr.c1_launch(kv.to(device), w.to(device), freqs.to(device), pos.to(device), loc.to(device),
+                 d_padded, ps, layout, d_lat)
+    lr.assert_same_bits(d_lat, latent, "latent")
+    lr.assert_same_bits(d_padded[:, :pb], plain, "padded cache")
+    lr.assert_same_bits(d_padded[:, pb:], padded[:, pb:], "page padding")

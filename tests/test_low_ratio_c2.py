@@ -199,15 +199,9 @@ def test_verify_graph_replay_equals_decode_replay():
                                static[1], static[2], static[3], world.cache, world.ps, ring, d,
                                world.layout.value, latent)
 
+    from test_cuda_graph import _capture
     saved = world.state.clone(), world.cache.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = _capture(step)                    # runs step once, then captures it
     world.state.copy_(saved[0])
     world.cache.copy_(saved[1])
     for _ in range(4):

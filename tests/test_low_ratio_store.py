@@ -52,7 +52,7 @@ def _slots(loc, cache, ps, layout):
     return lr.written_byte_mask(cache.shape, live, layout, ps)
 
 
-def _kv_case(seed, n, layout, ps, dtype, pages=None):
+def _kv_case(seed, n, layout, ps, dtype=torch.bfloat16, pages=None):
     g = lr.gen(seed)
     pages = pages or max(2, -(-(n + 2) // ps))
     x = (torch.randn(n, lr.HD, generator=g) * torch.pow(2.0, torch.randint(-6, 5, (n, 1),
@@ -213,3 +213,14 @@ def test_compress_norm_rope_store_python_layout(device):
                                       kvcache=d_cache, page_size=64, layout=layout)
     lr.assert_same_bits(d_cache, _cnrs(device, kv, plan, w, freqs, loc, cache, 64,
                                        "fp8_ds_mla", layout.value), "Python layer")
+
+
+def test_kv_store_padded_pages(device):
+    layout, ps = KVLayout.V41_FP4, 2
+    g, x, loc, cache = _kv_case(82, 10, layout, ps)
+    pb = layout.page_bytes(ps)
+    padded = torch.cat([cache, lr.random_bytes((cache.shape[0], 100), g)], 1)
+    plain = _kv_store(device, x, loc, None, cache, ps, layout)
+    got = _kv_store(device, x, loc, None, padded, ps, layout)
+    lr.assert_same_bits(got[:, :pb], plain, "padded cache")
+    lr.assert_same_bits(got[:, pb:], padded[:, pb:], "page padding")
