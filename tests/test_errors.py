@@ -624,7 +624,8 @@ def test_compress_norm_rope_store_v41_layout_needs_fp8_ds_mla(device, fmt):
     d = decode_world(device, compress_ratio=4, head_dim=128 if fmt != "bf16" else 512)
     plan = _decode_plan(d)
     hd = 512 if fmt == "bf16" else 128
-    a = _raw_store_args(d, plan.plan_d, True, store_format=fmt, kv=torch.randn(2, hd, device=device),
+    a = _raw_store_args(d, plan.plan_d, True, store_format=fmt,
+                        kv=torch.randn(2, hd, device=device),
                         norm_weight=torch.ones(hd, device=device), kvcache=d.kvcache(fmt))
     OPS.compress_norm_rope_store(*a.values(), "v4")         # the v4 layout: today's store
     for layout in (KVLayout.V41, KVLayout.V41_FP4):
@@ -645,7 +646,8 @@ LOW_RATIO_DEBUG = [
     ("c2_verify", "c2_norm_rope_store_op", "positions", 1, 99, "RoPE position outside"),
     ("c2_prefill", "c2_prefill_norm_rope_store_op", "extend_seq_lens", 1, 5, "row range outside"),
     ("c2_prefill", "c2_prefill_norm_rope_store_op", "req", 3, 50, "pair-state ring outside"),
-    ("low_ratio_index_k_store", "low_ratio_index_k_store_op", "loc", 0, 10 ** 5, "cache page outside"),
+    ("low_ratio_index_k_store", "low_ratio_index_k_store_op", "loc", 0, 10 ** 5,
+     "cache page outside"),
     ("low_ratio_index_k_store", "low_ratio_index_k_store_op", "positions", 3, 64, "RoPE position"),
     ("kv_store_rope", "kv_store_op", "loc", 0, 10 ** 5, "kvcache page outside"),
 ]

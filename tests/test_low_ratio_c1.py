@@ -66,7 +66,8 @@ def test_argument_dtypes(device, variant):
     base = run(pos, loc, w, same)
     other = {"i32_indices": lambda: run(pos.int(), loc.int(), w, same),
              "fp32_weight": lambda: run(pos, loc, w.float(), same),
-             "fp8_cache": lambda: run(pos, loc, w, lambda c: c.view(torch.float8_e4m3fn))}[variant]()
+             "fp8_cache": lambda: run(pos, loc, w, lambda c: c.view(torch.float8_e4m3fn)),
+             }[variant]()
     lr.assert_same_bits(other[0], base[0], "latent")
     lr.assert_same_bits(other[1], base[1], "cache")
     lr.assert_latents_conform(base[0], ref.latents(kv, 1, w, lr.EPS)[0])

@@ -8,7 +8,6 @@ import torch
 
 import dsv4_ops
 import dsv4_ops.testing.reference_v41  # noqa: F401
-from dsv4_ops import KVLayout
 
 import low_ratio_cases as lr
 from low_ratio_cases import PAD, PairWorld

@@ -49,7 +49,7 @@ def test_samples_write_and_mutate_only_their_outputs(device, name):
         if not isinstance(a, torch.Tensor):
             continue
         if i in written:
-            assert not torch.equal(lr.as_bytes(a), lr.as_bytes(b)), f"{name}: argument {i} unwritten"
+            assert not torch.equal(lr.as_bytes(a), lr.as_bytes(b)), f"{name}: {i} unwritten"
         else:
             lr.assert_same_bits(a, b, f"{name}: input argument {i}")
 
