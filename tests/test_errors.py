@@ -673,3 +673,27 @@ def test_low_ratio_debug_mode_names_the_row(device, debug_mode, sample, wrapper,
     dsv4_ops.set_debug(False)
     if arg != "extend_seq_lens":
         call(*args)
+
+
+def test_low_ratio_python_layer_bad_input(device):
+    """The drop-in layer (contract V4.1 4.3) names its function and the argument."""
+    from op_samples import low_ratio_samples
+    s = low_ratio_samples(device)
+    kv, w, eps, freqs, pos, loc, cache, ps, _, _ = s["c1_norm_rope_store"][1]
+    raises("c1_decode_norm_rope_store", "layout", lambda: dsv4_ops.c1_decode_norm_rope_store(
+        kv, w, pos, loc, eps, freqs, cache, page_size=ps, layout="v5"))
+    x, loc_s, freqs_rows, kvcache, ps_s, layout = s["kv_store_rope"][1]
+    raises("fused_store_cache", "type", lambda: dsv4_ops.fused_store_cache(
+        x, kvcache, loc_s, page_size=ps_s, type="paged", layout=layout, freqs_cis=freqs_rows))
+    raises("fused_store_cache", "layout", lambda: dsv4_ops.fused_store_cache(
+        x, kvcache, loc_s, page_size=ps_s, layout="fp8_ds_mla"))
+    k, w128, eps, freqs, pos_k, loc_k, icache, _, ratio = s["low_ratio_index_k_store"][1]
+    raises("index_k_norm_rope_pack_store", "cache", lambda: dsv4_ops.index_k_norm_rope_pack_store(
+        k, w128, eps, freqs, pos_k, loc_k, icache.view(-1), ratio=ratio))
+    raises("low_ratio_index_k_store", "ratio", lambda: dsv4_ops.index_k_norm_rope_pack_store(
+        k, w128, eps, freqs, pos_k, loc_k, icache, ratio=4))
+    raises("low_ratio_out_loc", "ratio", lambda: dsv4_ops.low_ratio_out_loc(0, pos_k, loc_k))
+    state = s["c2_verify"][1]
+    raises("c2_norm_rope_store", "ring_size", lambda: dsv4_ops.c2_decode_norm_rope_store(
+        state[0], state[1], state[2], state[5], state[6], state[7], state[3], state[4], state[8],
+        page_size=state[9], ring_size=2, draft_len=2, layout=state[12]))
