@@ -224,3 +224,17 @@ def test_kv_store_padded_pages(device):
     got = _kv_store(device, x, loc, None, padded, ps, layout)
     lr.assert_same_bits(got[:, :pb], plain, "padded cache")
     lr.assert_same_bits(got[:, pb:], padded[:, pb:], "page padding")
+
+
+def test_kv_store_index_dtypes_and_fp8_view(device):
+    """loc int32 and a float8_e4m3fn view of the cache: the bytes of the int64 / uint8 call."""
+    layout, ps = KVLayout.V41_NEW, 64
+    g, x, loc, cache = _kv_case(83, 9, layout, ps)
+    freqs_rows = lr.random_freqs(9, g)
+    want = _kv_store(device, x, loc, freqs_rows, cache, ps, layout)
+    lr.assert_same_bits(_kv_store(device, x, loc.int(), freqs_rows, cache, ps, layout), want,
+                        "loc int32")
+    d_cache = cache.to(device, copy=True)
+    lr.OPS.kv_store(x.to(device), loc.to(device), freqs_rows.to(device),
+                    d_cache.view(torch.float8_e4m3fn), ps, layout.value)
+    lr.assert_same_bits(d_cache, want, "float8_e4m3fn view")
