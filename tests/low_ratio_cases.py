@@ -105,21 +105,47 @@ def bf16_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (order(a) - order(b)).abs()
 
 
-def assert_latents_conform(got: torch.Tensor, want: torch.Tensor, what: str = "latent") -> None:
-    """Contract V4.1 6.3: within 1 bf16 ulp, in at most 0.1 % of the elements."""
+def assert_latents_conform(got: torch.Tensor, want: torch.Tensor, what: str = "latent",
+                           slack: Optional[torch.Tensor] = None, labels=None) -> None:
+    """Contract V4.1 6.3: within 1 bf16 ulp, in at most 0.1 % of the elements. `slack` (bool,
+    as got) marks ratio-2 elements whose bf16(pooled) the fp32 pooling may round the other
+    way (see pooled_near_midpoint): there the latent may be 2 ulps off."""
     assert got.shape == want.shape and got.dtype == torch.bfloat16, (got.shape, got.dtype)
     if not got.numel():
         return
     d = bf16_ulp_distance(got, want)
-    far = (d > 1).nonzero()
+    limit = torch.ones_like(d) if slack is None else 1 + slack.to(d.dtype)
+    far = (d > limit).nonzero()
     if far.numel():
         r, c = far[0].tolist()
-        raise AssertionError(f"{what}: {far.shape[0]} elements beyond 1 bf16 ulp of the oracle, "
-                             f"first [{r}, {c}]: got {got[r, c].item()!r}, "
-                             f"want {want[r, c].item()!r}")
+        row = labels[r] if labels is not None else f"row {r}"
+        raise AssertionError(f"{what}: {far.shape[0]} elements beyond {int(limit[r, c])} bf16 "
+                             f"ulp of the oracle, first {row} dim {c}: got "
+                             f"{got[r, c].item()!r}, want {want[r, c].item()!r}")
     off = int((d != 0).sum())
     allowed = max(1, d.numel() // 1000)
     assert off <= allowed, f"{what}: {off} of {d.numel()} elements 1 ulp off (at most {allowed})"
+
+
+def pooled_near_midpoint(kv_score: torch.Tensor) -> torch.Tensor:
+    """bool [L // 2, 512]: the pooled values of one request's pairs that lie within
+    2^-18 * (w0 |kv_even| + w1 |kv_odd|) of a bf16 rounding midpoint. The contract's fp32
+    closed form (exp within 2 ulp, one fmaf, one division) is that close to the exact pool, so
+    there bf16(pooled) may round to the other neighbour: the latent then moves by up to 2 ulps
+    (contract V4.1 5.1)."""
+    x = kv_score.to(torch.float64)
+    n = x.shape[0] // 2
+    pairs = x[: 2 * n].reshape(n, 2, 2 * HD)
+    w = torch.softmax(pairs[..., HD:], dim=1)
+    pooled = (w * pairs[..., :HD]).sum(1)
+    scale = (w * pairs[..., :HD].abs()).sum(1)
+    nearest = pooled.to(torch.bfloat16).to(torch.float64)
+    _, exp = torch.frexp(nearest)
+    near = torch.zeros_like(pooled, dtype=torch.bool)
+    for ulp in (torch.ldexp(torch.ones_like(pooled), exp - 8),
+                torch.ldexp(torch.ones_like(pooled), exp - 9)):
+        near |= ((pooled - nearest).abs() - ulp / 2).abs() <= scale * 2.0 ** -18
+    return near
 
 
 def assert_cache_near(got, want, start, written, what, max_frac=0.002):
@@ -160,7 +186,8 @@ def written_byte_mask(shape, locs: Sequence[int], layout, page_size: int) -> tor
 
 
 def to(device, *tensors):
-    return [t.to(device) for t in tensors]
+    """Copies on `device` (never the tensors themselves, which stay the oracle's)."""
+    return [t.to(device, copy=True) for t in tensors]
 
 
 def layout_name(layout) -> str:
@@ -228,8 +255,8 @@ class PairWorld:
                                     num_requests=max(lengths) + 1)
         self.state_want = random_bytes((rows, 2 * HD), self.g, torch.float32)
         self.cache_want = cache_for(self.layout, self.pages, page_size, self.g)
-        self.state = self.state_want.to(self.device)
-        self.cache = self.cache_want.to(self.device)
+        self.state = self.state_want.to(self.device, copy=True)
+        self.cache = self.cache_want.to(self.device, copy=True)
         self.d_w, self.d_freqs = to(self.device, self.w, self.freqs)
         self._oracle: Dict[int, torch.Tensor] = {}
         self.launches = 0
@@ -241,8 +268,14 @@ class PairWorld:
     def oracle(self, rid: int) -> torch.Tensor:
         """The whole-sequence latents of rid (row g: positions 2g, 2g + 1)."""
         if rid not in self._oracle:
-            self._oracle[rid] = ref.latents(self.seq[rid], 2, self.w, EPS)[0]
-        return self._oracle[rid]
+            self._oracle[rid] = (ref.latents(self.seq[rid], 2, self.w, EPS)[0],
+                                 pooled_near_midpoint(self.seq[rid]))
+        return self._oracle[rid][0]
+
+    def slack(self, rid: int) -> torch.Tensor:
+        """pooled_near_midpoint of rid's whole sequence (row g: positions 2g, 2g + 1)."""
+        self.oracle(rid)
+        return self._oracle[rid][1]
 
     def redraft(self, rid: int, first_pos: int) -> None:
         """New rows from first_pos on (draft tokens rejected: other tokens come there)."""
@@ -287,17 +320,20 @@ class PairWorld:
         the cache from the kernel's latent. `partners[t]` is the row t pairs with."""
         odd = sorted(partners)
         want = latent0.clone()
+        slack = torch.zeros(len(rows), HD, dtype=torch.bool)
         for t in odd:
             rid, p = rows[t]
             assert torch.equal(partners[t].view(torch.int32),
                                self.seq[rid][p - 1].view(torch.int32)), \
                 f"test world: row {t} (rid {rid}, pos {p}) would not pair with position {p - 1}"
             want[t] = self.oracle(rid)[p // 2]
+            slack[t] = self.slack(rid)[p // 2]
         untouched = torch.ones(len(rows), dtype=torch.bool)
         untouched[odd] = False
         what = f"launch {self.launches}"
         assert_same_bits(latent[untouched], latent0[untouched], f"{what}: unwritten latent rows")
-        assert_latents_conform(latent[odd], want[odd], f"{what}: latent")
+        assert_latents_conform(latent[odd], want[odd], f"{what}: latent", slack[odd],
+                               [f"row {t} (rid {rows[t][0]}, pos {rows[t][1]})" for t in odd])
         idx = torch.tensor(odd, dtype=I64)
         self.cache_want = stored_rows(self.cache_want, latent[idx], pos[idx] - 1, raw[idx] >> 1,
                                       self.freqs, self.layout, self.ps)
@@ -338,7 +374,7 @@ class PairWorld:
         x, pos, req, raw = inputs if inputs is not None else self.inputs(rows, alias)
         if latent0 is None:
             latent0 = random_bytes((len(rows), HD), self.g, torch.bfloat16)
-        d_lat = latent0.to(self.device)
+        d_lat = latent0.to(self.device, copy=True)
         self.launch(x, pos, req, raw, draft_len, d_lat, dtypes)
         latent = d_lat.cpu()
         before = self.state_want.clone()
@@ -376,7 +412,7 @@ class PairWorld:
         alias = next(iter(self.seq)) if alias is None else alias
         x, pos, req, raw = self.inputs(rows, alias)
         latent0 = random_bytes((len(rows), HD), self.g, torch.bfloat16)
-        d_lat = latent0.to(self.device)
+        d_lat = latent0.to(self.device, copy=True)
         d_pos, d_req, d_raw = (t.to(dt).to(self.device) for t, dt in zip((pos, req, raw), dtypes))
         d_start = torch.tensor(starts, dtype=I32, device=self.device)
         d_lens = torch.tensor(lens, dtype=I32, device=self.device)
@@ -441,8 +477,9 @@ def identity_freqs(max_pos: int) -> torch.Tensor:
     return f
 
 
-def sign_row_bytes(layout) -> Tuple[List[int], List[int]]:
-    """(data, written scales) a store of the crafted row (identity rotation) must write."""
+def sign_row_bytes(layout, minus_zero: bool = True) -> Tuple[List[int], List[int]]:
+    """(data, written scales) a store of the crafted latent (identity rotation) must write;
+    minus_zero False: the latent's -0 entries are +0 (a pooled row: 0 * 0 + -0 is +0)."""
     layout = KVLayout.parse(layout)
     enc = layout.encoding
     if enc is KVLayout.V41:
@@ -450,6 +487,7 @@ def sign_row_bytes(layout) -> Tuple[List[int], List[int]]:
     if enc is KVLayout.UNIFORM_FP8:
         return list(SIGN_UNIFORM_CODES) * 32, []
     if enc is KVLayout.V41_FP4:
-        return list(SIGN_FP4_BYTES) * 28 + list(SIGN_FP4_ROPE_BYTES) * 4, [SIGN_FP4_SCALE] * 32
+        nope = SIGN_FP4_BYTES if minus_zero else SIGN_FP4_ROPE_BYTES
+        return list(nope) * 28 + list(SIGN_FP4_ROPE_BYTES) * 4, [SIGN_FP4_SCALE] * 32
     rope = [b for v in SIGN_V4_ROPE_BF16 for b in (v & 0xFF, v >> 8)]
     return list(SIGN_V41_CODES) * 28 + rope * 4, [SIGN_EXPONENT] * 7

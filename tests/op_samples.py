@@ -96,6 +96,7 @@ def low_ratio_samples(device):
                                                   d.seq_lens, SWA_PAGE, d.ring)
     samples["compress_norm_rope_store_v41"] = (ops.compress_norm_rope_store, (
         torch.randn(2, hd, generator=g).to(dev), plan.plan_d, torch.ones(hd, device=dev),
-        d.freqs_real, d.out_loc, lr.cache_for(KVLayout.V41, d.num_pages, d.cache_page_size, g).to(dev),
+        d.freqs_real, d.out_loc,
+        lr.cache_for(KVLayout.V41, d.num_pages, d.cache_page_size, g).to(dev),
         True, 4, 1e-6, d.cache_page_size, "fp8_ds_mla", "v41"))
     return samples

@@ -624,7 +624,8 @@ def test_compress_norm_rope_store_v41_layout_needs_fp8_ds_mla(device, fmt):
     d = decode_world(device, compress_ratio=4, head_dim=128 if fmt != "bf16" else 512)
     plan = _decode_plan(d)
     hd = 512 if fmt == "bf16" else 128
-    a = _raw_store_args(d, plan.plan_d, True, store_format=fmt, kv=torch.randn(2, hd, device=device),
+    a = _raw_store_args(d, plan.plan_d, True, store_format=fmt,
+                        kv=torch.randn(2, hd, device=device),
                         norm_weight=torch.ones(hd, device=device), kvcache=d.kvcache(fmt))
     OPS.compress_norm_rope_store(*a.values(), "v4")         # the v4 layout: today's store
     for layout in (KVLayout.V41, KVLayout.V41_FP4):
@@ -632,3 +633,67 @@ def test_compress_norm_rope_store_v41_layout_needs_fp8_ds_mla(device, fmt):
                lambda: OPS.compress_norm_rope_store(*a.values(), layout.value))
     raises("compress_norm_rope_store", "layout",
            lambda: OPS.compress_norm_rope_store(*a.values(), "v5"))
+
+
+LOW_RATIO_DEBUG = [
+    # (sample, wrapper in dsv4_ops.ops, argument, row, value, message)
+    ("c1_norm_rope_store", "c1_norm_rope_store_op", "out_loc", 1, 10 ** 6, "kvcache page outside"),
+    ("c1_norm_rope_store", "c1_norm_rope_store_op", "positions", 0, 64, "RoPE position outside"),
+    ("c2_decode", "c2_norm_rope_store_op", "req", 0, 100, "pair-state ring outside state"),
+    ("c2_decode", "c2_norm_rope_store_op", "req", 1, -1, "pair-state ring outside state"),
+    ("c2_decode", "c2_norm_rope_store_op", "positions", 1, -2, "negative position"),
+    ("c2_decode", "c2_norm_rope_store_op", "raw_out_loc", 2, 10 ** 6 + 1, "kvcache page outside"),
+    ("c2_verify", "c2_norm_rope_store_op", "positions", 1, 99, "RoPE position outside"),
+    ("c2_prefill", "c2_prefill_norm_rope_store_op", "extend_seq_lens", 1, 5, "row range outside"),
+    ("c2_prefill", "c2_prefill_norm_rope_store_op", "req", 3, 50, "pair-state ring outside"),
+    ("low_ratio_index_k_store", "low_ratio_index_k_store_op", "loc", 0, 10 ** 5,
+     "cache page outside"),
+    ("low_ratio_index_k_store", "low_ratio_index_k_store_op", "positions", 3, 64, "RoPE position"),
+    ("kv_store_rope", "kv_store_op", "loc", 0, 10 ** 5, "kvcache page outside"),
+]
+
+
+@pytest.mark.parametrize("sample,wrapper,arg,row,value,message", LOW_RATIO_DEBUG,
+                         ids=[f"{c[0]}-{c[2]}" for c in LOW_RATIO_DEBUG])
+def test_low_ratio_debug_mode_names_the_row(device, debug_mode, sample, wrapper, arg, row,
+                                            value, message):
+    """Debug mode (contract V4.1 4.4): a row outside state / the cache / freqs is an error
+    naming the op and the row; normal mode skips it (the call succeeds)."""
+    from op_samples import low_ratio_samples
+    op, args = low_ratio_samples(device)[sample]
+    names = [a.name for a in op.default._schema.arguments]
+    args = list(args)
+    i = names.index(arg)
+    args[i] = args[i].clone()
+    args[i][row] = value
+    call = getattr(ops, wrapper)
+    name = op.default._schema.name.split("::")[1]
+    with pytest.raises(ValueError, match=rf"dsv4\.{name}: row {row} .*{message}"):
+        call(*args)
+    dsv4_ops.set_debug(False)
+    if arg != "extend_seq_lens":
+        call(*args)
+
+
+def test_low_ratio_python_layer_bad_input(device):
+    """The drop-in layer (contract V4.1 4.3) names its function and the argument."""
+    from op_samples import low_ratio_samples
+    s = low_ratio_samples(device)
+    kv, w, eps, freqs, pos, loc, cache, ps, _, _ = s["c1_norm_rope_store"][1]
+    raises("c1_decode_norm_rope_store", "layout", lambda: dsv4_ops.c1_decode_norm_rope_store(
+        kv, w, pos, loc, eps, freqs, cache, page_size=ps, layout="v5"))
+    x, loc_s, freqs_rows, kvcache, ps_s, layout = s["kv_store_rope"][1]
+    raises("fused_store_cache", "type", lambda: dsv4_ops.fused_store_cache(
+        x, kvcache, loc_s, page_size=ps_s, type="paged", layout=layout, freqs_cis=freqs_rows))
+    raises("fused_store_cache", "layout", lambda: dsv4_ops.fused_store_cache(
+        x, kvcache, loc_s, page_size=ps_s, layout="fp8_ds_mla"))
+    k, w128, eps, freqs, pos_k, loc_k, icache, _, ratio = s["low_ratio_index_k_store"][1]
+    raises("index_k_norm_rope_pack_store", "cache", lambda: dsv4_ops.index_k_norm_rope_pack_store(
+        k, w128, eps, freqs, pos_k, loc_k, icache.view(-1), ratio=ratio))
+    raises("low_ratio_index_k_store", "ratio", lambda: dsv4_ops.index_k_norm_rope_pack_store(
+        k, w128, eps, freqs, pos_k, loc_k, icache, ratio=4))
+    raises("low_ratio_out_loc", "ratio", lambda: dsv4_ops.low_ratio_out_loc(0, pos_k, loc_k))
+    state = s["c2_verify"][1]
+    raises("c2_norm_rope_store", "ring_size", lambda: dsv4_ops.c2_decode_norm_rope_store(
+        state[0], state[1], state[2], state[5], state[6], state[7], state[3], state[4], state[8],
+        page_size=state[9], ring_size=2, draft_len=2, layout=state[12]))

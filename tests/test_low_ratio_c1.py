@@ -38,7 +38,7 @@ def test_rows_that_store_nothing(device):
     (every c1 row), the cache untouched."""
     layout, ps = KVLayout.V41_FP4, 2
     g, kv, w, freqs, pos, loc, cache = _case(3, 8, layout, ps, pages=4)
-    loc[:] = torch.tensor([0, -1, -7, 4 * ps, 4 * ps + 5, 5, 6, 7])
+    loc = torch.tensor([0, -1, -7, 4 * ps, 4 * ps + 5, 5, 6, 7])
     pos[5] = MAX_POS                             # outside the table
     pos[6] = -1
     latent, after = lr.check_c1(device, kv, w, freqs, pos, loc, cache, ps, layout, g)
@@ -66,7 +66,8 @@ def test_argument_dtypes(device, variant):
     base = run(pos, loc, w, same)
     other = {"i32_indices": lambda: run(pos.int(), loc.int(), w, same),
              "fp32_weight": lambda: run(pos, loc, w.float(), same),
-             "fp8_cache": lambda: run(pos, loc, w, lambda c: c.view(torch.float8_e4m3fn))}[variant]()
+             "fp8_cache": lambda: run(pos, loc, w, lambda c: c.view(torch.float8_e4m3fn)),
+             }[variant]()
     lr.assert_same_bits(other[0], base[0], "latent")
     lr.assert_same_bits(other[1], base[1], "cache")
     lr.assert_latents_conform(base[0], ref.latents(kv, 1, w, lr.EPS)[0])
@@ -78,7 +79,7 @@ def test_python_layer(device):
     layout, ps = KVLayout.V41_NEW, 64
     g, kv, w, freqs, pos, loc, cache = _case(5, 6, layout, ps)
     cplx = torch.view_as_complex(freqs.view(MAX_POS, 32, 2).contiguous())
-    d_cache = cache.to(device)
+    d_cache = cache.to(device, copy=True)
     latent = dsv4_ops.c1_decode_norm_rope_store(kv.to(device), w.to(device), pos.to(device),
                                                 loc.to(device), lr.EPS, cplx.to(device), d_cache,
                                                 page_size=ps, layout=layout)
@@ -113,3 +114,21 @@ def test_sign_of_zero_by_hand(device, layout):
     want_data, want_scales = lr.sign_row_bytes(layout)
     assert data[0].tolist() == want_data
     assert scales[0].tolist() == want_scales
+
+
+@pytest.mark.parametrize("layout", [KVLayout.V41, KVLayout.V41_FP4_NEW], ids=["v41", "v41_fp4_new"])
+def test_padded_pages(device, layout):
+    """Pages wider than the layout's page bytes (by less than a doubling): the bytes of the
+    unpadded cache at the same page offsets, the padding untouched."""
+    ps = 2
+    g, kv, w, freqs, pos, loc, cache = _case(7, 8, layout, ps)
+    pb = layout.page_bytes(ps)
+    padded = torch.cat([cache, lr.random_bytes((cache.shape[0], 40), g)], 1)
+    latent0 = lr.random_bytes((8, lr.HD), g, torch.bfloat16)
+    latent, plain = lr.check_c1(device, kv, w, freqs, pos, loc, cache, ps, layout, g)
+    d_padded, d_lat = lr.to(device, padded, latent0)
+    lr.c1_launch(kv.to(device), w.to(device), freqs.to(device), pos.to(device), loc.to(device),
+                 d_padded, ps, layout, d_lat)
+    lr.assert_same_bits(d_lat, latent, "latent")
+    lr.assert_same_bits(d_padded[:, :pb], plain, "padded cache")
+    lr.assert_same_bits(d_padded[:, pb:], padded[:, pb:], "page padding")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dsv4_ops
-from dsv4_ops import KVLayout
+import dsv4_ops.testing.reference_v41  # noqa: F401
 
 import low_ratio_cases as lr
 from low_ratio_cases import PAD, PairWorld
@@ -42,7 +42,7 @@ def test_every_layout_and_page_size(device, layout, ps):
     lengths = {0: 9, 2: 12, 1: 5}
     world = PairWorld(device, {rid: n + 2 for rid, n in lengths.items()}, ring=4,
                       layout=layout, page_size=ps, seed=7 + ps)
-    start = world.cache.cpu()
+    start = world.cache.cpu().clone()
     world.prefill([(rid, 0, n) for rid, n in lengths.items()], pad_tail=2)
     for step in range(2):
         world.decode([(rid, n + step) for rid, n in lengths.items()])
@@ -198,15 +198,9 @@ def test_verify_graph_replay_equals_decode_replay():
                                static[1], static[2], static[3], world.cache, world.ps, ring, d,
                                world.layout.value, latent)
 
+    from test_cuda_graph import _capture
     saved = world.state.clone(), world.cache.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = _capture(step)                    # runs step once, then captures it
     world.state.copy_(saved[0])
     world.cache.copy_(saved[1])
     for _ in range(4):
@@ -225,3 +219,48 @@ def test_verify_graph_replay_equals_decode_replay():
         for rid in heads:
             heads[rid] += int(torch.randint(1, d + 1, (1,), generator=g))
             world.redraft(rid, heads[rid])
+
+
+def test_odd_rows_that_store_nothing(device):
+    """An odd row whose slot raw >> 1 is past the cache, one whose RoPE position pos - 1 is
+    outside freqs, one at compressed slot 0 (raw 1): latent written, cache untouched."""
+    world = PairWorld(device, {0: 12, 1: 12, 2: 12}, ring=4, seed=60, max_pos=6)
+    for rid, p in ((0, 8), (1, 2), (2, 4)):
+        world.park(rid, p)
+    rows = [(0, 9), (1, 3), (2, 5)]
+    x, pos, req, raw = world.inputs(rows, alias=0)
+    raw[1] = 2 * (world.pages * world.ps + 5) + 1
+    raw[2] = 1
+    start = world.cache.cpu().clone()
+    world.decode(rows, inputs=(x, pos, req, raw))
+    lr.assert_same_bits(world.cache, start, "cache")
+
+
+@pytest.mark.parametrize("layout", lr.LAYOUTS, ids=lr.LAYOUT_IDS)
+def test_sign_of_zero_by_hand(device, layout):
+    """The crafted row of low_ratio_cases as the odd row of a pair whose partner is a cleared
+    ring row (kv 0, score -inf: weight 0, pooled = the odd row, its -0 entries +0 as
+    fmaf(0, 0, -0) is): the hand-computed bytes, with fp8 0x80 / bf16 0x8000 for the small
+    negatives (contract V4.1 1.6)."""
+    ps = 64
+    state = lr.random_bytes((10, 2 * lr.HD), lr.gen(61), torch.float32)
+    state[2] = torch.cat([torch.zeros(lr.HD), torch.full((lr.HD,), float("-inf"))])
+    row = torch.cat([lr.sign_row(), torch.zeros(lr.HD)])[None]
+    cache = lr.cache_for(layout, 1, ps, lr.gen(62))
+    latent = torch.zeros(1, lr.HD, dtype=torch.bfloat16)
+    d_state, d_cache, d_latent = lr.to(device, state, cache, latent)
+    w = torch.full((lr.HD,), lr.SIGN_WEIGHT).bfloat16()
+    OPS.c2_norm_rope_store(row.to(device), d_state, w.to(device), lr.EPS,
+                           lr.identity_freqs(8).to(device), torch.tensor([3], device=device),
+                           torch.tensor([0], device=device), torch.tensor([11], device=device),
+                           d_cache, ps, 4, 1, layout.value, d_latent)
+    pooled = torch.where(lr.sign_row() == 0, 0.0, lr.sign_row())
+    lr.assert_same_bits(d_latent[0], pooled.bfloat16(), "crafted latent")
+    lr.assert_same_bits(d_state, state, "ring")
+    data, scales = dsv4_ops.testing.reference_v41.read_rows(d_cache.cpu(), torch.tensor([5]),
+                                                            layout, ps)
+    want_data, want_scales = lr.sign_row_bytes(layout, minus_zero=False)
+    assert data[0].tolist() == want_data
+    assert scales[0].tolist() == want_scales
+    untouched = ~lr.written_byte_mask(cache.shape, [5], layout, ps)
+    lr.assert_same_bits(d_cache.cpu().view(-1)[untouched], cache.view(-1)[untouched], "cache")

@@ -3,7 +3,6 @@ for a few requests, every step checked against the whole-sequence oracle (contra
 2.7, 6.3): latents per the conformance rule, the cache exact given the kernel's latents, the
 ring bitwise, nothing else written."""
 import pytest
-import torch
 
 import dsv4_ops
 

@@ -49,7 +49,7 @@ def test_samples_write_and_mutate_only_their_outputs(device, name):
         if not isinstance(a, torch.Tensor):
             continue
         if i in written:
-            assert not torch.equal(lr.as_bytes(a), lr.as_bytes(b)), f"{name}: argument {i} unwritten"
+            assert not torch.equal(lr.as_bytes(a), lr.as_bytes(b)), f"{name}: {i} unwritten"
         else:
             lr.assert_same_bits(a, b, f"{name}: input argument {i}")
 
@@ -141,14 +141,8 @@ def test_cuda_graph_replay_equals_eager(name):
     written = _mutated(op, args)
     static = _clone(args)
     saved = [static[i].clone() for i in written]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        op(*static)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        op(*static)
+    from test_cuda_graph import _capture
+    graph, _ = _capture(lambda: op(*static))     # runs the op once, then captures it
     gen = torch.Generator(device=dev).manual_seed(5)
     for _ in range(2):
         for i, a in enumerate(static):

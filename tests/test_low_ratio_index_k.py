@@ -101,3 +101,15 @@ def test_python_layer(device):
                                           pos.to(device), loc, d_cache, ratio=ratio)
     lr.assert_same_bits(d_cache, _run(device, k, w, freqs, pos, loc.cpu(), cache, ps, ratio),
                         "Python layer")
+
+
+def test_index_dtypes_and_fp32_weight(device):
+    """positions / loc int32 and an fp32 norm weight (the bf16 weight's values): the same
+    bytes as int64 / bf16."""
+    ps = 64
+    k, w, freqs, pos, loc, cache = _case(113, 12, ps)
+    want = _run(device, k, w, freqs, pos, loc, cache, ps, 2)
+    lr.assert_same_bits(_run(device, k, w, freqs, pos.int(), loc.int(), cache, ps, 2), want,
+                        "int32 indices")
+    lr.assert_same_bits(_run(device, k, w.float(), freqs, pos, loc, cache, ps, 2), want,
+                        "fp32 norm weight")

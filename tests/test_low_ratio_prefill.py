@@ -8,7 +8,7 @@ import torch
 import dsv4_ops
 
 import low_ratio_cases as lr
-from low_ratio_cases import PAD, PairWorld
+from low_ratio_cases import PairWorld
 
 
 @pytest.mark.parametrize("ring", [2, 4, 8])

@@ -52,12 +52,12 @@ def _slots(loc, cache, ps, layout):
     return lr.written_byte_mask(cache.shape, live, layout, ps)
 
 
-def _kv_case(seed, n, layout, ps, dtype, pages=None):
+def _kv_case(seed, n, layout, ps, dtype=torch.bfloat16, pages=None):
     g = lr.gen(seed)
     pages = pages or max(2, -(-(n + 2) // ps))
     x = (torch.randn(n, lr.HD, generator=g) * torch.pow(2.0, torch.randint(-6, 5, (n, 1),
                                                                           generator=g))).to(dtype)
-    loc = torch.randperm(pages * ps, generator=g)[:n]
+    loc = torch.randperm(pages * ps - 1, generator=g)[:n] + 1    # distinct, slot 0 free
     cache = lr.cache_for(layout, pages, ps, g)
     return g, x, loc, cache
 
@@ -213,3 +213,28 @@ def test_compress_norm_rope_store_python_layout(device):
                                       kvcache=d_cache, page_size=64, layout=layout)
     lr.assert_same_bits(d_cache, _cnrs(device, kv, plan, w, freqs, loc, cache, 64,
                                        "fp8_ds_mla", layout.value), "Python layer")
+
+
+def test_kv_store_padded_pages(device):
+    layout, ps = KVLayout.V41_FP4, 2
+    g, x, loc, cache = _kv_case(82, 10, layout, ps)
+    pb = layout.page_bytes(ps)
+    padded = torch.cat([cache, lr.random_bytes((cache.shape[0], 100), g)], 1)
+    plain = _kv_store(device, x, loc, None, cache, ps, layout)
+    got = _kv_store(device, x, loc, None, padded, ps, layout)
+    lr.assert_same_bits(got[:, :pb], plain, "padded cache")
+    lr.assert_same_bits(got[:, pb:], padded[:, pb:], "page padding")
+
+
+def test_kv_store_index_dtypes_and_fp8_view(device):
+    """loc int32 and a float8_e4m3fn view of the cache: the bytes of the int64 / uint8 call."""
+    layout, ps = KVLayout.V41_NEW, 64
+    g, x, loc, cache = _kv_case(83, 9, layout, ps)
+    freqs_rows = lr.random_freqs(9, g)
+    want = _kv_store(device, x, loc, freqs_rows, cache, ps, layout)
+    lr.assert_same_bits(_kv_store(device, x, loc.int(), freqs_rows, cache, ps, layout), want,
+                        "loc int32")
+    d_cache = cache.to(device, copy=True)
+    lr.OPS.kv_store(x.to(device), loc.to(device), freqs_rows.to(device),
+                    d_cache.view(torch.float8_e4m3fn), ps, layout.value)
+    lr.assert_same_bits(d_cache, want, "float8_e4m3fn view")
