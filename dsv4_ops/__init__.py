@@ -16,6 +16,9 @@ from .compressor import compress_forward, compress_norm_rope_store, store_format
 from .layout import (STORE_FORMATS, Compressor, KVLayout, StoreFormat, cache_page_bytes,
                      is_valid_kv_layout_pair, kv_cache, kv_score_row_width, pair_ring_size,
                      state_buffer, state_row_width, state_slots, window_size)
+from .low_ratio import (c1_decode_norm_rope_store, c2_decode_norm_rope_store,
+                        c2_prefill_norm_rope_store, fused_store_cache,
+                        index_k_norm_rope_pack_store, low_ratio_out_loc)
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 from .validate import set_debug, validate_compress, validate_store
 
@@ -25,5 +28,7 @@ __all__ = [
     "validate_store", "STORE_FORMATS", "Compressor", "StoreFormat", "cache_page_bytes",
     "kv_cache", "kv_score_row_width", "state_buffer", "state_row_width", "state_slots",
     "window_size", "KVLayout", "is_valid_kv_layout_pair", "pair_ring_size",
+    "c1_decode_norm_rope_store", "c2_decode_norm_rope_store", "c2_prefill_norm_rope_store",
+    "fused_store_cache", "index_k_norm_rope_pack_store", "low_ratio_out_loc",
 ]
 from ._library import VERSION as __version__  # pyproject.toml's version, as the build recorded it

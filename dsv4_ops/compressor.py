@@ -6,7 +6,7 @@ from typing import Optional, Union
 import torch
 
 from . import ops
-from .layout import STORE_FORMATS
+from .layout import STORE_FORMATS, KVLayout
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 
 Plan = Union[CompressorDecodePlan, CompressorPrefillPlan]
@@ -92,6 +92,21 @@ def _check_store_args(plan, norm_eps, freq_cis, err: Exception) -> None:
                          f"{freq_cis.stride()}") from err
 
 
+def _store_layout(layout, fmt: str) -> str:
+    """The layout's name; a V4.1 layout needs the fp8_ds_mla format (head_dim 512, neither
+    use_fp4 nor bf16_store)."""
+    try:
+        kv_layout = KVLayout.parse(layout)
+    except ValueError as err:
+        raise ValueError(f"dsv4.compress_norm_rope_store: layout must be one of "
+                         f"{', '.join(m.value for m in KVLayout)}, got {layout!r}") from err
+    if kv_layout is not KVLayout.V4 and fmt != "fp8_ds_mla":
+        raise ValueError(f"dsv4.compress_norm_rope_store: layout {kv_layout.value} needs "
+                         f"head_dim 512 without use_fp4 or bf16_store (store format "
+                         f"fp8_ds_mla), got store format {fmt}")
+    return kv_layout.value
+
+
 def freqs_as_real(freq_cis: torch.Tensor) -> torch.Tensor:
     """complex [max_pos, 32] -> fp32 [max_pos, 64] = (cos0, sin0, cos1, sin1, ...), a view."""
     if not freq_cis.is_complex():
@@ -105,7 +120,8 @@ def freqs_as_real(freq_cis: torch.Tensor) -> torch.Tensor:
 def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch.Tensor,
                              norm_eps: float, freq_cis: torch.Tensor, out_loc: torch.Tensor,
                              kvcache: torch.Tensor, page_size: int, use_fp4: bool = False,
-                             bf16_store: bool = False) -> None:
+                             bf16_store: bool = False,
+                             layout: Union[KVLayout, str] = KVLayout.V4) -> None:
     """RMSNorm + RoPE (+ Hadamard for head_dim 128) of every compressed token the plan makes,
     quantised into the paged cache at out_loc. Rows that close no window write nothing.
 
@@ -113,14 +129,19 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch
     less than a doubling); norm_eps is finite and >= 0. No autograd. Preconditions (checked in
     debug mode): each active row's RoPE position seq_len - compress_ratio is a row of freq_cis
     (rows past the table store nothing) and its out_loc is inside the cache (negative: nothing
-    stored)."""
+    stored).
+
+    layout: the cache's KVLayout. Other than V4 (the V4.1 layouts, contract V4.1 4.2) only for
+    head_dim 512 without use_fp4 / bf16_store: the normed and rotated values are rounded to
+    kv's dtype and all 512 dims encoded in the layout."""
     if kv.dim() != 2:
         raise ValueError(f"dsv4.compress_norm_rope_store: kv must be 2-D [N, head_dim], got {tuple(kv.shape)}")
     fmt = store_format_of(kv.shape[1], use_fp4, bf16_store)
+    kv_layout = _store_layout(layout, fmt)
     try:
         ops.compress_norm_rope_store_op(kv, plan[1], norm_weight, freqs_as_real(freq_cis),
                                         out_loc, kvcache, plan.is_decode, plan.compress_ratio,
-                                        float(norm_eps), int(page_size), fmt)
+                                        float(norm_eps), int(page_size), fmt, kv_layout)
     except (AttributeError, IndexError, RuntimeError, TypeError, ValueError) as err:
         _check_store_args(plan, norm_eps, freq_cis, err)
         raise

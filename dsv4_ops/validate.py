@@ -7,7 +7,8 @@ helper turns those silent skips into errors that name the record, for debugging 
 metadata. It syncs with the device, so it is off by default: call it directly, or set
 DSV4_OPS_DEBUG=1 (or dsv4_ops.set_debug(True)) to run it inside every dsv4_ops op call
 (the planners, compress_forward and compress_norm_rope_store, raw wrappers in dsv4_ops.ops
-included).
+included). The V4.1 ops (plan-free) get the same for their rows: ring rows, cache pages and
+RoPE positions outside their buffers (contract V4.1 4.4).
 """
 import os
 from typing import Optional
@@ -208,3 +209,110 @@ def validate_swa_tables(op: str, req_pool_indices: torch.Tensor, seq_lens: torch
                 f"{s}; needs full_to_state[req_to_token[rid, pos]] % swa_page_size == "
                 f"pos % swa_page_size ({s % sps} vs {p % sps}, swa_page_size {sps}), with the "
                 f"positions of one swa_page_size block in one SWA page")
+
+
+# ---- V4.1 ratio-1 / ratio-2 ops (contract V4.1 4.4, "In debug mode") -------------------------
+# The kernels skip a row whose ring row, cache page or RoPE position is outside its buffer;
+# these checks make such a row an error that names it.
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.int64).cpu()
+
+
+def _fail_row(op: str, what: str, bad: torch.Tensor, **columns) -> None:
+    if bool(bad.any()):
+        idx = int(bad.nonzero()[0, 0])
+        vals = ", ".join(f"{k} {int(v[idx])}" for k, v in columns.items())
+        raise ValueError(f"dsv4.{op}: row {idx} {what} ({vals})")
+
+
+def _check_cache_rows(op: str, arg: str, loc: torch.Tensor, live: torch.Tensor, num_pages: int,
+                      page_size: int) -> None:
+    page = torch.div(loc, page_size, rounding_mode="floor")
+    _fail_row(op, f"has a {arg} page outside {arg} ({num_pages} pages of {page_size} slots)",
+              live & (page >= num_pages), loc=loc)
+
+
+def _check_rope_rows(op: str, rope_pos: torch.Tensor, live: torch.Tensor, max_pos: int,
+                     pos: torch.Tensor) -> None:
+    _fail_row(op, f"has a RoPE position outside freqs [0, {max_pos})",
+              live & ((rope_pos < 0) | (rope_pos >= max_pos)), position=pos, rope_position=rope_pos)
+
+
+def _check_ring_rows(op: str, rid: torch.Tensor, live: torch.Tensor, ring_size: int,
+                     state_rows: int) -> None:
+    """Every live row's request owns a whole ring inside state: rows rid*ring .. rid*ring+ring-1."""
+    bad = live & ((rid < 0) | (rid * ring_size + ring_size > state_rows))
+    _fail_row(op, f"has a pair-state ring outside state ({state_rows} rows, ring_size "
+                  f"{ring_size})", bad, req=rid)
+
+
+def validate_c1(positions: torch.Tensor, out_loc: torch.Tensor, kvcache: torch.Tensor,
+                page_size: int, max_pos: int) -> None:
+    """Every row that stores (out_loc > 0) has a cache page inside kvcache and a RoPE position
+    pos inside freqs."""
+    op = "c1_norm_rope_store"
+    pos, loc = _host(positions), _host(out_loc)
+    live = loc > 0
+    _check_cache_rows(op, "kvcache", loc, live, kvcache.shape[0], page_size)
+    _check_rope_rows(op, pos, live, max_pos, pos)
+
+
+def _validate_c2_rows(op: str, live: torch.Tensor, pos: torch.Tensor, rid: torch.Tensor,
+                      raw: torch.Tensor, kvcache: torch.Tensor, state_rows: int, page_size: int,
+                      ring_size: int, max_pos: int) -> None:
+    _fail_row(op, "has a negative position", live & (pos < 0), position=pos)
+    _check_ring_rows(op, rid, live, ring_size, state_rows)
+    odd = live & (pos % 2 == 1)
+    loc = raw >> 1
+    stores = odd & (loc > 0)
+    _check_cache_rows(op, "kvcache", loc, stores, kvcache.shape[0], page_size)
+    _check_rope_rows(op, pos - 1, stores, max_pos, pos)
+
+
+def validate_c2(positions: torch.Tensor, req: torch.Tensor, raw_out_loc: torch.Tensor,
+                state: torch.Tensor, kvcache: torch.Tensor, page_size: int, ring_size: int,
+                max_pos: int) -> None:
+    """Decode / verify: every live row (raw_out_loc > 0) has a non-negative position and a ring
+    inside state; every odd live row that stores has its page (raw_out_loc >> 1) inside kvcache
+    and its RoPE position pos - 1 inside freqs."""
+    pos, rid, raw = _host(positions), _host(req), _host(raw_out_loc)
+    _validate_c2_rows("c2_norm_rope_store", raw > 0, pos, rid, raw, kvcache, state.shape[0],
+                      page_size, ring_size, max_pos)
+
+
+def validate_c2_prefill(positions: torch.Tensor, req: torch.Tensor, raw_out_loc: torch.Tensor,
+                        extend_start_loc: torch.Tensor, extend_seq_lens: torch.Tensor,
+                        state: torch.Tensor, kvcache: torch.Tensor, page_size: int,
+                        ring_size: int, max_pos: int) -> None:
+    """Extend: as validate_c2 for the live rows (raw_out_loc != 0) of every request's range,
+    and the ranges inside the input."""
+    op = "c2_prefill_norm_rope_store"
+    pos, rid, raw = _host(positions), _host(req), _host(raw_out_loc)
+    n = pos.shape[0]
+    starts, lens = _host(extend_start_loc), _host(extend_seq_lens)
+    bad = (starts < 0) | (lens < 0) | (starts + lens > n)
+    _fail_row(op, f"(request) has a row range outside the {n} input rows", bad,
+              extend_start_loc=starts, extend_seq_lens=lens)
+    in_range = torch.zeros(n, dtype=torch.bool)
+    for s, l in zip(starts.tolist(), lens.tolist()):
+        in_range[s:s + l] = True
+    _validate_c2_rows(op, in_range & (raw != 0), pos, rid, raw, kvcache, state.shape[0],
+                      page_size, ring_size, max_pos)
+
+
+def validate_index_k(positions: torch.Tensor, loc: torch.Tensor, cache: torch.Tensor,
+                     page_size: int, ratio: int, max_pos: int) -> None:
+    """Every row that stores (loc > 0) has its page inside cache and its group position
+    pos & ~(ratio - 1) inside freqs."""
+    op = "low_ratio_index_k_store"
+    pos, l = _host(positions), _host(loc)
+    live = l > 0
+    _check_cache_rows(op, "cache", l, live, cache.shape[0], page_size)
+    _check_rope_rows(op, pos & ~(ratio - 1), live, max_pos, pos)
+
+
+def validate_kv_store(loc: torch.Tensor, kvcache: torch.Tensor, page_size: int) -> None:
+    """Every row that stores (loc >= 0) has its page inside kvcache."""
+    l = _host(loc)
+    _check_cache_rows("kv_store", "kvcache", l, l >= 0, kvcache.shape[0], page_size)

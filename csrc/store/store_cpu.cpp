@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "low_ratio/low_ratio_rows_cpu.h"
 #include "store/store_checks.h"
 
 namespace dsv4 {
@@ -33,6 +34,7 @@ struct CpuStoreArgs {
   float eps;
   bool is_decode;
   int compress_ratio;
+  LayoutCacheRef layout_cache;  // the V4.1 layouts of fp8_ds_mla
 };
 
 // Whether plan row t stores a token, and its out_loc index and rope position.
@@ -56,24 +58,27 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
   if (page < 0) return;
 
   const int hd = g.head_dim;
-  const int chunks = hd / 128;
   float x[512], y[512];
   for (int d = 0; d < hd; ++d) x[d] = load_f32(a.kv, a.kv_bf16, t * hd + d);
 
   // RMSNorm with the GPU's order: lane partials over (j, k), then the butterfly tree.
-  float partial[kLaneGroup];
-  for (int l = 0; l < kLaneGroup; ++l) {
-    float acc = 0.0f;
-    for (int j = 0; j < chunks; ++j)
-      for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[lane_dim(j, l, k)]);
-    partial[l] = acc;
+  const float inv = lane_order_rms_inv(x, hd, a.eps);
+  if (g.layout != kLayoutV4) {
+    // V4.1 layouts (contract V4.1 4.2): the weight, the normed value and the rotated values
+    // rounded to kv's dtype, then the layout's encoding of all 512 dims (no fake quant).
+    for (int d = 0; d < hd; ++d) {
+      float w = load_f32(a.norm_weight, a.w_bf16, d);
+      if (a.kv_bf16) w = round_to_bf16(w);
+      y[d] = norm_value(x[d], inv, w);
+      if (a.kv_bf16) y[d] = round_to_bf16(y[d]);
+    }
+    rope_tail(y, hd - kRopeDim, a.freqs + pos * kRopeDim, a.kv_bf16);
+    a.layout_cache.store(loc, y);
+    return;
   }
-  const float inv = rms_inv(lane_tree_sum(partial), hd, a.eps);
   for (int d = 0; d < hd; ++d) y[d] = norm_value(x[d], inv, load_f32(a.norm_weight, a.w_bf16, d));
 
-  const float* f = a.freqs + pos * kRopeDim;
-  for (int i = 0; i < kRopeDim / 2; ++i)
-    rope_pair(y[hd - kRopeDim + 2 * i], y[hd - kRopeDim + 2 * i + 1], f[2 * i], f[2 * i + 1]);
+  rope_tail(y, hd - kRopeDim, a.freqs + pos * kRopeDim, false);
 
   if (hd == 128) {  // Walsh-Hadamard, stages in bit order 0..6, then the 1/sqrt(128) scale
     for (int bit = 1; bit < 128; bit <<= 1)
@@ -88,30 +93,15 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
   uint8_t* scales = base + store_scale_offset(g.format, g.page_size, off);
 
   switch (g.format) {
-    case kStoreFp8DsMla: {
+    case kStoreFp8DsMla:
       for (int d = 0; d < hd; ++d) y[d] = round_to_bf16(y[d]);
-      for (int grp = 0; grp < kDsMlaNopeDim / kDsMlaGroup; ++grp) {
-        float amax = 0.0f;
-        for (int d = grp * kDsMlaGroup; d < (grp + 1) * kDsMlaGroup; ++d)
-          amax = std::fabs(y[d]) > amax ? std::fabs(y[d]) : amax;
-        const uint8_t e = ds_mla_exponent(amax);
-        const float s = ue8m0_inv_scale(e);
-        for (int d = grp * kDsMlaGroup; d < (grp + 1) * kDsMlaGroup; ++d)
-          data[d] = ds_mla_code(y[d], s);
-        scales[grp] = e;
-      }
-      for (int d = kDsMlaNopeDim; d < hd; ++d)
-        put_u16(data + 2 * d - kDsMlaNopeDim, f32_to_bf16(y[d]));
-      // scales[7] is unused by the format and left untouched (as on the GPU)
+      encode_layout_row(y, kLayoutV4, data, scales);
       break;
-    }
     case kStoreBf16:
       for (int d = 0; d < hd; ++d) put_u16(data + 2 * d, f32_to_bf16(y[d]));
       break;
     case kStoreFp8Indexer: {
-      float amax = 0.0f;
-      for (int d = 0; d < hd; ++d) amax = std::fabs(y[d]) > amax ? std::fabs(y[d]) : amax;
-      const float scale = fp8_indexer_scale(amax);
+      const float scale = fp8_indexer_scale(abs_max(y, hd));
       for (int d = 0; d < hd; ++d) data[d] = fp8_indexer_code(y[d], scale);
       const uint32_t bits = f32_bits(scale);
       for (int i = 0; i < 4; ++i) scales[i] = uint8_t(bits >> (8 * i));
@@ -119,10 +109,7 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
     }
     default: {  // kStoreFp4Indexer
       for (int grp = 0; grp < hd / kFp4Group; ++grp) {
-        float amax = 0.0f;
-        for (int d = grp * kFp4Group; d < (grp + 1) * kFp4Group; ++d)
-          amax = std::fabs(y[d]) > amax ? std::fabs(y[d]) : amax;
-        const uint8_t e = fp4_exponent(amax);
+        const uint8_t e = fp4_exponent(abs_max(y + grp * kFp4Group, kFp4Group));
         const float s = ue8m0_inv_scale(e);
         for (int d = grp * kFp4Group; d < (grp + 1) * kFp4Group; d += 2)
           data[d / 2] = uint8_t(fp4_code(y[d], s) | (fp4_code(y[d + 1], s) << 4));
@@ -141,8 +128,6 @@ void compress_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& plan,
   const StoreGeometry g = check_store_args(kv, plan, norm_weight, freqs, out_loc, kvcache,
                                            compress_ratio, page_size, store_format, layout,
                                            at::kCPU);
-  DSV4_CHECK(g.layout == kLayoutV4, kStoreOp, "layout", kv_layout_name(g.layout),
-             " is not supported by the CPU kernel of this build");
   check_store_eps(eps);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   CpuStoreArgs a;
@@ -154,10 +139,16 @@ void compress_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& plan,
   a.freqs = freqs.data_ptr<float>();
   a.out_loc = out_loc.data_ptr();
   a.loc64 = out_loc.scalar_type() == at::kLong;
-  a.cache = kvcache.data_ptr<uint8_t>();
+  a.cache = static_cast<uint8_t*>(kvcache.data_ptr());
   a.eps = float(eps);
   a.is_decode = is_decode;
   a.compress_ratio = int(compress_ratio);
+  a.layout_cache.base = static_cast<uint8_t*>(kvcache.data_ptr());
+  a.layout_cache.layout = g.layout;
+  a.layout_cache.num_pages = g.num_pages;
+  a.layout_cache.page_bytes = g.page_bytes;
+  a.layout_cache.page_size = g.page_size;
+  a.layout_cache.log2_page_size = g.log2_page_size;
   // A padded (CUDA-graph) prefill plan ends in rows that store nothing. The threads split the
   // rows up to the last one that stores, so that each gets its share of the real work (static
   // chunks of all num_q rows left the valid quarter of a cr 4 plan to a quarter of them).
