@@ -297,10 +297,11 @@ struct PairInputs {
   DSV4_DEVICE int64_t raw(int64_t t) const { return load_index(raw_out_loc, loc64, t); }
   DSV4_DEVICE const float* row(int64_t t) const { return kv_score + t * kPairRowWidth; }
   // The state row of slot(rid, p) = rid * ring + (p mod ring), or null when it lies outside
-  // the state (rid < 0 or past its rows).
+  // the state (rid < 0 or past its rows). The ring is a power of two (checked): p mod ring is
+  // p & (ring - 1), negative p included.
   DSV4_DEVICE float* ring_row(int64_t r, int64_t p) const {
     if (r < 0) return nullptr;
-    const int64_t slot = r * ring + ((p % ring) + ring) % ring;
+    const int64_t slot = r * ring + (p & (ring - 1));
     return slot < state_rows ? state + slot * kPairRowWidth : nullptr;
   }
   // An input row's values, bitwise, to state[slot(r, p)] (nothing outside the state).
