@@ -8,6 +8,10 @@
     dsv4_ops.compress_norm_rope_store(kv, plan, norm_weight=w, norm_eps=1e-6, freq_cis=f,
                                       out_loc=loc, kvcache=cache, page_size=64)
 
+V4.1's ratio-1 / ratio-2 compressors and stores (dsv4_ops.low_ratio) take the reference
+engine's signatures: `c1_decode_norm_rope_store`, `c2_decode_norm_rope_store`,
+`c2_prefill_norm_rope_store`, `fused_store_cache`, `index_k_norm_rope_pack_store`.
+
 `dsv4_ops.testing` holds the plain-PyTorch oracle (`dsv4_ops.testing.reference`), the
 simulated serving engine and the builder of test worlds; it is imported on demand.
 """

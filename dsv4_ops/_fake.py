@@ -338,7 +338,8 @@ def _paged_cache(cache, op, arg, page_size, need, need_2x, what) -> None:
                        f"needs {need}")
         _check(page_bytes < need_2x, op, "page_size",
                lambda: f"{page_size} does not match {arg}: its pages of {page_bytes} bytes hold "
-                       f"{need_2x} bytes or more, a page_size of at least {2 * page_size} of {what}")
+                       f"{need_2x} bytes or more, a page_size of at least {2 * page_size} of "
+                       f"{what}")
 
 
 def _layout_cache(kvcache, layout: KVLayout, page_size, op) -> None:

@@ -166,6 +166,26 @@ inline void check_low_ratio_eps(double eps, const char* op) {
              "must be finite and >= 0, got ", eps);
 }
 
+// The rows of a norm + RoPE op with one destination each (c1: kv / out_loc, index-K: k /
+// loc): bf16 [N, dim] rows, the norm weight [dim], the freqs table, positions and slots [N].
+inline void check_norm_rope_rows(const at::Tensor& rows, const char* rows_arg, int64_t dim,
+                                 const at::Tensor& norm_weight, const at::Tensor& freqs,
+                                 const at::Tensor& positions, const at::Tensor& loc,
+                                 const char* loc_arg, const char* op, LowRatioGeometry& g) {
+  const at::Device dev = rows.device();
+  check_device(norm_weight, dev, op, "norm_weight");
+  check_device(freqs, dev, op, "freqs");
+  check_device(positions, dev, op, "positions");
+  check_device(loc, dev, op, loc_arg);
+  check_rows(rows, op, rows_arg, -1, dim, {at::kBFloat16});
+  check_no_grad(rows, op, rows_arg);
+  g.n_rows = rows.size(0);
+  check_norm_weight(norm_weight, dim, op, g);
+  check_freqs(freqs, op, g);
+  g.pos64 = check_index_vector(positions, op, "positions", g.n_rows, {at::kInt, at::kLong});
+  g.loc64 = check_index_vector(loc, op, loc_arg, g.n_rows, {at::kInt, at::kLong});
+}
+
 // c1_norm_rope_store.
 inline LowRatioGeometry check_c1_args(const at::Tensor& kv, const at::Tensor& norm_weight,
                                       double eps, const at::Tensor& freqs,
@@ -179,21 +199,10 @@ inline LowRatioGeometry check_c1_args(const at::Tensor& kv, const at::Tensor& no
   check_low_ratio_page_size(page_size, op, g);
   check_low_ratio_eps(eps, op);
   check_cache_device(kvcache, "kvcache", op, device_type);
-  const at::Device dev = kvcache.device();
-  check_device(kv, dev, op, "kv");
-  check_device(norm_weight, dev, op, "norm_weight");
-  check_device(freqs, dev, op, "freqs");
-  check_device(positions, dev, op, "positions");
-  check_device(out_loc, dev, op, "out_loc");
-  check_device(latent, dev, op, "latent");
-
-  check_rows(kv, op, "kv", -1, kLowRatioHeadDim, {at::kBFloat16});
-  check_no_grad(kv, op, "kv");
-  g.n_rows = kv.size(0);
-  check_norm_weight(norm_weight, kLowRatioHeadDim, op, g);
-  check_freqs(freqs, op, g);
-  g.pos64 = check_index_vector(positions, op, "positions", g.n_rows, {at::kInt, at::kLong});
-  g.loc64 = check_index_vector(out_loc, op, "out_loc", g.n_rows, {at::kInt, at::kLong});
+  check_device(kv, kvcache.device(), op, "kv");
+  check_device(latent, kvcache.device(), op, "latent");
+  check_norm_rope_rows(kv, "kv", kLowRatioHeadDim, norm_weight, freqs, positions, out_loc,
+                       "out_loc", op, g);
   check_layout_cache(kvcache, g.layout, op, g);
   check_latent(latent, op, g.n_rows);
   check_no_overlap(latent, "latent", kv, "kv", op);
@@ -300,20 +309,8 @@ inline LowRatioGeometry check_index_k_args(const at::Tensor& k, const at::Tensor
   check_low_ratio_page_size(page_size, op, g);
   check_low_ratio_eps(eps, op);
   check_cache_device(cache, "cache", op, device_type);
-  const at::Device dev = cache.device();
-  check_device(k, dev, op, "k");
-  check_device(norm_weight, dev, op, "norm_weight");
-  check_device(freqs, dev, op, "freqs");
-  check_device(positions, dev, op, "positions");
-  check_device(loc, dev, op, "loc");
-
-  check_rows(k, op, "k", -1, kIndexKDim, {at::kBFloat16});
-  check_no_grad(k, op, "k");
-  g.n_rows = k.size(0);
-  check_norm_weight(norm_weight, kIndexKDim, op, g);
-  check_freqs(freqs, op, g);
-  g.pos64 = check_index_vector(positions, op, "positions", g.n_rows, {at::kInt, at::kLong});
-  g.loc64 = check_index_vector(loc, op, "loc", g.n_rows, {at::kInt, at::kLong});
+  check_device(k, cache.device(), op, "k");
+  check_norm_rope_rows(k, "k", kIndexKDim, norm_weight, freqs, positions, loc, "loc", op, g);
   check_dtype(cache, op, "cache", {at::kByte});
   check_paged_cache(cache, op, "cache", index_k_page_bytes(page_size),
                     index_k_page_bytes(2 * page_size), "the index-K cache (68 bytes a slot)", g);

@@ -98,6 +98,32 @@ C2Rows c2_rows(const LowRatioGeometry& g, const at::Tensor& kv_score, at::Tensor
   return r;
 }
 
+// One index key (bf16 [128]) into slot `off` of its index-K page (contract V4.1 1.8): RMSNorm
+// rounded to bf16, RoPE of dims 64..127 by f rounded to bf16, then per 32 dims the stage-1
+// fake quant and the stage-2 packer (codes at off * 64, exponents at 64 * ps + off * 4).
+void index_k_row(const uint16_t* k, const void* w, bool w_bf16, float eps, const float* f,
+                 uint8_t* page, int64_t off, int64_t page_size) {
+  float y[kIndexKDim];
+  for (int d = 0; d < kIndexKDim; ++d) y[d] = bf16_to_f32(k[d]);
+  const float inv = lane_order_rms_inv(y, kIndexKDim, eps);
+  for (int d = 0; d < kIndexKDim; ++d)
+    y[d] = round_to_bf16(norm_value(y[d], inv, weight_at(w, w_bf16, d)));
+  rope_tail(y, kIndexKDim - kRopeDim, f, true);
+  uint8_t* codes = page + off * kIndexKDataBytes;
+  uint8_t* exps = page + page_size * kIndexKDataBytes + off * kIndexKScaleBytes;
+  for (int b = 0; b < kIndexKDim / kIndexKBlock; ++b) {
+    float* q = y + b * kIndexKBlock;
+    const float sc = index_k_stage1_scale(abs_max(q, kIndexKBlock));
+    for (int d = 0; d < kIndexKBlock; ++d) q[d] = index_k_stage1_value(q[d], sc);
+    const uint8_t e = index_k_exponent(abs_max(q, kIndexKBlock));
+    const float inv_e = ue8m0_inv_scale(e);
+    for (int d = 0; d < kIndexKBlock; d += 2)
+      codes[(b * kIndexKBlock + d) / 2] =
+          uint8_t(index_k_code(q[d], inv_e) | (index_k_code(q[d + 1], inv_e) << 4));
+    exps[b] = e;
+  }
+}
+
 void c1_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& norm_weight, double eps,
                             const at::Tensor& freqs, const at::Tensor& positions,
                             const at::Tensor& out_loc, at::Tensor& kvcache, int64_t page_size,
@@ -114,7 +140,8 @@ void c1_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& norm_weight,
   at::parallel_for(0, g.n_rows, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float x[kLowRatioHeadDim];
-      for (int d = 0; d < kLowRatioHeadDim; ++d) x[d] = bf16_to_f32(x_rows[t * kLowRatioHeadDim + d]);
+      for (int d = 0; d < kLowRatioHeadDim; ++d)
+        x[d] = bf16_to_f32(x_rows[t * kLowRatioHeadDim + d]);
       uint16_t* row = lat + t * kLowRatioHeadDim;
       latent_row(x, w, g.w_bf16, float(eps), row);  // every row, padded ones too
       const int64_t l = load_index(loc, g.loc64, t);
@@ -224,31 +251,8 @@ void low_ratio_index_k_store_cpu(const at::Tensor& k, const at::Tensor& norm_wei
       const float* f =
           freqs_row(fr, g.max_pos, group_position(load_index(pos, g.pos64, t), g.ratio));
       if (page >= g.num_pages || f == nullptr) continue;
-      float y[kIndexKDim];
-      for (int d = 0; d < kIndexKDim; ++d) y[d] = bf16_to_f32(k_rows[t * kIndexKDim + d]);
-      const float inv = lane_order_rms_inv(y, kIndexKDim, float(eps));
-      for (int d = 0; d < kIndexKDim; ++d) {
-        const float wd = g.w_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(w)[d])
-                                  : static_cast<const float*>(w)[d];
-        y[d] = round_to_bf16(norm_value(y[d], inv, wd));
-      }
-      rope_tail(y, kIndexKDim - kRopeDim, f, true);
-      // Stage 1 (fake quant) and stage 2 (packer), per 32 dims (contract V4.1 1.8).
-      const int64_t off = l & (g.page_size - 1);
-      uint8_t* codes = base + page * g.page_bytes + off * kIndexKDataBytes;
-      uint8_t* exps = base + page * g.page_bytes + g.page_size * kIndexKDataBytes +
-                      off * kIndexKScaleBytes;
-      for (int b = 0; b < kIndexKDim / kIndexKBlock; ++b) {
-        float* q = y + b * kIndexKBlock;
-        const float sc = index_k_stage1_scale(abs_max(q, kIndexKBlock));
-        for (int d = 0; d < kIndexKBlock; ++d) q[d] = index_k_stage1_value(q[d], sc);
-        const uint8_t e = index_k_exponent(abs_max(q, kIndexKBlock));
-        const float inv_e = ue8m0_inv_scale(e);
-        for (int d = 0; d < kIndexKBlock; d += 2)
-          codes[(b * kIndexKBlock + d) / 2] =
-              uint8_t(index_k_code(q[d], inv_e) | (index_k_code(q[d + 1], inv_e) << 4));
-        exps[b] = e;
-      }
+      index_k_row(k_rows + t * kIndexKDim, w, g.w_bf16, float(eps), f,
+                  base + page * g.page_bytes, l & (g.page_size - 1), g.page_size);
     }
   });
 }

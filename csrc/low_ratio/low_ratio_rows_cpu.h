@@ -143,14 +143,16 @@ inline void store_latent_row(const LayoutCacheRef& cache, int64_t loc, const uin
   cache.store(loc, v);
 }
 
+// Element d of a norm weight, bf16 or fp32, as float.
+inline float weight_at(const void* w, bool w_bf16, int d) {
+  return w_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(w)[d]) : static_cast<const float*>(w)[d];
+}
+
 // latent[c] = bf16(norm_value(x[c], inv, w[c])) of 512 values x (contract V4.1 1.4).
 inline void latent_row(const float* x, const void* w, bool w_bf16, float eps, uint16_t* latent) {
   const float inv = lane_order_rms_inv(x, kLowRatioHeadDim, eps);
-  for (int d = 0; d < kLowRatioHeadDim; ++d) {
-    const float wd = w_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(w)[d])
-                            : static_cast<const float*>(w)[d];
-    latent[d] = f32_to_bf16(norm_value(x[d], inv, wd));
-  }
+  for (int d = 0; d < kLowRatioHeadDim; ++d)
+    latent[d] = f32_to_bf16(norm_value(x[d], inv, weight_at(w, w_bf16, d)));
 }
 
 }  // namespace dsv4
