@@ -65,7 +65,7 @@ for layout in LAYOUTS:
             req = torch.arange(B, dtype=torch.int64).repeat_interleave(D)
             p0 = torch.randint(1, 200, (B,))
             pos = (p0.repeat_interleave(D) + torch.arange(D).repeat(B)).to(torch.int64)
-            raw = torch.randperm(P * ps * 2 - 2)[:n].to(torch.int64) + 2
+            raw = 2 * torch.randperm(P * ps - 1)[:n].to(torch.int64) + 3  # distinct slots >= 1
             raw[:D] = 0  # a padded block
             lat = torch.zeros(n, 512, dtype=torch.bfloat16)
             cache.zero_()
@@ -83,7 +83,7 @@ for layout in LAYOUTS:
         for i, (s, l) in enumerate(zip(starts.tolist(), lens.tolist())):
             req[s:s + l] = i
             pos[s:s + l] = torch.arange(l) + (i % 3)
-        raw = torch.randperm(P * ps * 2 - 2)[:n].to(torch.int64) + 2
+        raw = 2 * torch.randperm(P * ps - 1)[:n].to(torch.int64) + 3  # distinct slots >= 1
         raw[-3:] = 0
         raw[7] = 0
         for ring in (2, 8):

@@ -221,8 +221,10 @@ DSV4_DEVICE void encode_store_row(const RowValues& q, int lane, const RowDestina
     for (int j = 0; j < kRowChunks; ++j) {
       sb[j] = v41_fp4_scale_byte(am[j]);
       const float s = e4m3_value(uint8_t(sb[j]));
-      const uint32_t c0 = uint32_t(v41_fp4_code(q[j][0], s)) | (uint32_t(v41_fp4_code(q[j][1], s)) << 4);
-      const uint32_t c1 = uint32_t(v41_fp4_code(q[j][2], s)) | (uint32_t(v41_fp4_code(q[j][3], s)) << 4);
+      const uint32_t c0 =
+          uint32_t(v41_fp4_code(q[j][0], s)) | (uint32_t(v41_fp4_code(q[j][1], s)) << 4);
+      const uint32_t c1 =
+          uint32_t(v41_fp4_code(q[j][2], s)) | (uint32_t(v41_fp4_code(q[j][3], s)) << 4);
       store_u16(d.data + lane_dim(j, lane, 0) / 2, c0 | (c1 << 8), vec_out);
     }
     d.scales[lane] = uint8_t(gather_scale_byte<kLanes>(sb, lane));  // 32 bytes, one a lane
