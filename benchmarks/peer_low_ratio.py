@@ -673,6 +673,32 @@ def _conformance(inp, ref, ours, max_ulp: int) -> Dict[str, Any]:
     return res
 
 
+def arbitrate_latents(inp: Dict[str, Any], outs: Dict[str, Dict[str, torch.Tensor]],
+                      res: Dict[str, Any]) -> Dict[str, Any]:
+    """Where the two engines' latents differ by more than the rule allows (cancelling pairs,
+    where fp32 pooling orders differ by many ulps), the float64 oracle decides (contract V4.1
+    6): each engine's ulp distance from it is recorded, and dsv4_ops conforms when its own
+    latent meets the rule against the oracle (2 ulps where the fp32 value lies on a bf16 tie),
+    its cache bytes equal the reference's wherever the latents agree, and the rings are equal."""
+    cpu = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in inp.items()}
+    oracle = fresh_outputs(cpu)
+    call_fn(OracleStandIn(), cpu, oracle)()
+    rows = written_rows(cpu)
+    want = _ordered_bf16(oracle["latent"][rows])
+    out = dict(res)
+    for name in APIS:
+        d = (_ordered_bf16(outs[name]["latent"].cpu()[rows]) - want).abs()
+        out[f"oracle_max_ulp_{name}"] = int(d.max()) if d.numel() else 0
+        out[f"oracle_differ_{name}"] = int((d != 0).sum())
+    ours_ok = (out["oracle_max_ulp_dsv4"] <= OracleStandIn.latent_max_ulp
+               and out["oracle_differ_dsv4"] <= 0.001 * max(1, res["latent_elems"]))
+    out["arbitrated"] = True
+    slots_ok = all(res.get(f"slots_{a}") == res.get("slots_expected") for a in APIS)
+    out["ok"] = bool(ours_ok and slots_ok and res["cache_bytes_differ"] == 0
+                     and res.get("state_equal", True))
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # Bytes (minimum DRAM traffic, read + written)
 # --------------------------------------------------------------------------------------
@@ -782,6 +808,8 @@ def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: Settings, devi
     if len(fns) == 2:
         rec["conformance"] = conformance(inp, *(outs[a] for a in APIS),
                                          max_ulp=getattr(apis["sglang"], "latent_max_ulp", 1))
+        if not rec["conformance"]["ok"] and "latent_max_ulp" in rec["conformance"]:
+            rec["conformance"] = arbitrate_latents(inp, outs, rec["conformance"])
     big = inp["n"] >= 4096
     if time_it:
         for name, fn in fns.items():
