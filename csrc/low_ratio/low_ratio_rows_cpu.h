@@ -51,7 +51,7 @@ inline void rope_tail(float* v, int first, const float* f, bool bf16_round) {
 // The fp4 fake quant of a rotated 512-dim row, in place (contract V4.1 1.6).
 inline void fake_quant_row(float* v) {
   for (int b = 0; b < kLowRatioHeadDim; b += kFakeQuantBlock) {
-    const float s = fake_quant_scale(abs_max(v + b, kFakeQuantBlock));
+    const TileDivisor s = tile_divisor(fake_quant_scale(abs_max(v + b, kFakeQuantBlock)));
     for (int d = b; d < b + kFakeQuantBlock; ++d) v[d] = fake_quant_value(v[d], s);
   }
 }
@@ -90,7 +90,7 @@ inline void encode_layout_row(const float* v, int layout, uint8_t* data, uint8_t
       for (int g = 0; g < kLowRatioHeadDim / tile; ++g) {
         const float* x = v + g * tile;
         const uint8_t b = v41_fp4_scale_byte(abs_max(x, tile));
-        const float s = e4m3_value(b);
+        const TileDivisor s = tile_divisor(e4m3_value(b));
         for (int d = 0; d < tile; d += 2)  // dim 2k in the low nibble of byte k
           data[(g * tile + d) / 2] =
               uint8_t(v41_fp4_code(x[d], s) | (v41_fp4_code(x[d + 1], s) << 4));

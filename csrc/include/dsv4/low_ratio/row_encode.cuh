@@ -119,7 +119,7 @@ DSV4_DEVICE void fake_quant_row(RowValues& v) {
   tile_amaxes<kFakeQuantBlock / 4>(v, am);
 #pragma unroll
   for (int j = 0; j < kRowChunks; ++j) {
-    const float s = fake_quant_scale(am[j]);
+    const TileDivisor s = tile_divisor(fake_quant_scale(am[j]));
 #pragma unroll
     for (int k = 0; k < 4; ++k) v[j][k] = fake_quant_value(v[j][k], s);
   }
@@ -220,7 +220,7 @@ DSV4_DEVICE void encode_store_row(const RowValues& q, int lane, const RowDestina
 #pragma unroll
     for (int j = 0; j < kRowChunks; ++j) {
       sb[j] = v41_fp4_scale_byte(am[j]);
-      const float s = e4m3_value(uint8_t(sb[j]));
+      const TileDivisor s = tile_divisor(e4m3_value(uint8_t(sb[j])));
       const uint32_t c0 =
           uint32_t(v41_fp4_code(q[j][0], s)) | (uint32_t(v41_fp4_code(q[j][1], s)) << 4);
       const uint32_t c1 =
