@@ -27,9 +27,10 @@ constexpr float kIndexKAmaxFloor = 7.052966105e-38f;    // 6 * 2^-126
 // ---- exp ---------------------------------------------------------------------------------------
 
 // e^x for x <= 0 (NaN passes through), within 2 ulp; the same bits on every backend (Cephes'
-// range reduction and polynomial, each step one fmaf). Exactly 1 at 0 and 0 below -104.
+// range reduction and polynomial, each step one fmaf). Exactly 1 at 0, and 0 (through a
+// subnormal-free scaling) from -104 down. Branch-free: the GPU runs it as selects.
 DSV4_HD float exp_nonpositive(float x) {
-  if (!(x >= -104.0f)) return x != x ? x : 0.0f;
+  x = x < -104.0f ? -104.0f : x;  // e^-104 rounds to 0; a NaN stays
   const float k = rintf(x * 1.44269504088896341f);
   float r = fmaf(-k, 0.693359375f, x);
   r = fmaf(-k, -2.12194440e-4f, r);
@@ -40,9 +41,11 @@ DSV4_HD float exp_nonpositive(float x) {
   p = fmaf(p, r, 1.6666665459e-1f);
   p = fmaf(p, r, 5.0000001201e-1f);
   const float y = fmaf(p, r * r, r) + 1.0f;
-  const int ki = int(k);  // in [-150, 0]
-  if (ki >= -126) return y * bits_f32(uint32_t(ki + 127) << 23);
-  return (y * bits_f32(uint32_t(127 - 64) << 23)) * bits_f32(uint32_t(ki + 64 + 127) << 23);
+  // y * 2^k, k in [-150, 0], as two normal powers of two: the first product is exact, the
+  // second rounds once (into the subnormals below k = -126).
+  const int ki = k == k ? int(k) : 0;
+  const int k1 = ki / 2, k2 = ki - k1;
+  return (y * bits_f32(uint32_t(k1 + 127) << 23)) * bits_f32(uint32_t(k2 + 127) << 23);
 }
 
 // ---- ratio-2 pair pooling (contract V4.1 1.2) ------------------------------------------------
