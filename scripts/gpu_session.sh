@@ -42,6 +42,7 @@
 #   PEER_DIR              the peer kit (sgl_bench.py, stubs/, wheels/; benchmarks/README.md)
 #   PEER_SITE             where the peer wheels are installed (default /tmp/dsv4_peer_site)
 #   PEER_ARGS             extra benchmarks/peer_compare.py arguments (e.g. "--quick")
+#   PEER_LR_ARGS          extra benchmarks/peer_low_ratio.py arguments (e.g. "--quick")
 #   SAN_*                 see scripts/sanitize.sh
 # Exit status: the number of failed stages (0 = all requested stages passed).
 set -u -o pipefail
@@ -72,6 +73,7 @@ export BENCH_ARGS=${BENCH_ARGS:-}
 export PEER_ARGS=${PEER_ARGS:-}
 export PEER_DIR=${PEER_DIR:-}
 export PEER_SITE=${PEER_SITE:-/tmp/dsv4_peer_site}
+export PEER_LR_ARGS=${PEER_LR_ARGS:-}
 export PYTHONUNBUFFERED=1
 RESERVE_S=${RESERVE_S:-20}
 
@@ -163,11 +165,16 @@ stage_peer() {
   else
     echo "warning: no $peer/wheels/*.whl; relying on what $PEER_SITE holds"
   fi
-  local budget=$(( STAGE_TIMEOUT - 60 ))
+  # Half of the stage for the V4.0 ops (peer_compare), half for the V4.1 ones (peer_low_ratio).
+  local budget=$(( (STAGE_TIMEOUT - 60) / 2 )) rc=0
   [ "$budget" -lt 30 ] && budget=30
   # shellcheck disable=SC2086
   PYTHONPATH="$peer/stubs:$PEER_SITE${PYTHONPATH:+:$PYTHONPATH}" \
-    "$PY" benchmarks/peer_compare.py --peer-dir "$peer" --out "$WORK/peer" --budget-s "$budget" $PEER_ARGS
+    "$PY" benchmarks/peer_compare.py --peer-dir "$peer" --out "$WORK/peer" --budget-s "$budget" $PEER_ARGS || rc=$?
+  # shellcheck disable=SC2086
+  PYTHONPATH="$peer/stubs:$PEER_SITE${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PY" -m benchmarks.peer_low_ratio --peer-dir "$peer" --out "$WORK/peer" --budget-s "$budget" $PEER_LR_ARGS || rc=$?
+  return $rc
 }
 
 stage_sanitizer() {
@@ -187,7 +194,7 @@ key_lines() {  # the lines of a stage log worth a summary
           l=$(grep -E "(passed|failed|error|no tests ran).* in [0-9.]+s" "$log" | tail -1)
           if [ -n "$l" ]; then echo "$l"; else grep -E "^E  " "$log" | head -3; fi ;;
     bench) grep -E "^\[ceiling\]|rows in|^NOTE|device lost|not importable|^copy bandwidth|^\| (cr|fp8)" "$log" | head -15 ;;
-    peer) grep -E "^SKIP|^\[ceiling\]|^checks |^summary:|cannot|CUDA context|^\[jit\]|^\[graph\]" "$log" | head -15 ;;
+    peer) grep -E "^SKIP|^\[ceiling\]|^checks |^summary:|^SUMMARY|cannot|CUDA context|^\[jit\]|^\[graph\]" "$log" | head -15 ;;
     sanitizer) grep -E "^sanitize [a-z]+:|tests selected|not found" "$log" | head -10 ;;
   esac
 }
