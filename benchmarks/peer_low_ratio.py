@@ -677,11 +677,11 @@ def arbitrate_latents(inp: Dict[str, Any], outs: Dict[str, Dict[str, torch.Tenso
                       res: Dict[str, Any]) -> Dict[str, Any]:
     """Where the two engines' latents differ by more than the rule allows, the float64 oracle
     decides (contract V4.1 6). In a pair whose terms nearly cancel, fp32 pooling is off the
-    exact value by many bf16 ulps in any operation order, so the rule is relative: each
-    engine's elements more than 1 ulp from the oracle are counted, and dsv4_ops conforms when
-    it has no more of them than the reference, at most 0.1 % of its elements differ from the
-    oracle, its cache bytes equal the reference's wherever the latents agree and the rings
-    are equal."""
+    exact value by several bf16 ulps in any operation order, so the bound is relative: dsv4_ops
+    conforms when its latents are no farther from the oracle than the reference's (in max
+    ulps, 2 allowed in any case, contract V4.1 5.1), at most 0.1 % of its elements differ
+    from the oracle, its cache bytes equal the reference's wherever the latents agree and
+    the rings are equal."""
     cpu = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in inp.items()}
     oracle = fresh_outputs(cpu)
     call_fn(OracleStandIn(), cpu, oracle)()
@@ -693,7 +693,8 @@ def arbitrate_latents(inp: Dict[str, Any], outs: Dict[str, Dict[str, torch.Tenso
         out[f"oracle_max_ulp_{name}"] = int(d.max()) if d.numel() else 0
         out[f"oracle_differ_{name}"] = int((d != 0).sum())
         out[f"oracle_beyond_1ulp_{name}"] = int((d > 1).sum())
-    ours_ok = (out["oracle_beyond_1ulp_dsv4"] <= out["oracle_beyond_1ulp_sglang"]
+    bound = max(2, out["oracle_max_ulp_sglang"])
+    ours_ok = (out["oracle_max_ulp_dsv4"] <= bound
                and out["oracle_differ_dsv4"] <= 0.001 * max(1, res["latent_elems"]))
     slots_ok = all(res.get(f"slots_{a}") == res.get("slots_expected") for a in APIS)
     out["arbitrated"] = True

@@ -61,8 +61,6 @@ def has_kernel(op_name: str, dispatch_key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{op_name}", dispatch_key)
 
 
-OP_NAMES = (
-    "plan_decode", "plan_decode_legacy", "plan_online_decode",
-    "plan_prefill", "plan_prefill_legacy", "plan_online_prefill",
-    "compress_forward", "compress_norm_rope_store",
-)
+# Every operator of the registration block (csrc/registration.cpp), as registered.
+OP_NAMES = tuple(sorted(name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
+                        if name.startswith("dsv4::")))

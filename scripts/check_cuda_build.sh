@@ -24,10 +24,8 @@ import torch
 lib = glob.glob(f"{sys.argv[1]}/dsv4_ops/_C*.so")
 assert lib, "no library built"
 torch.ops.load_library(lib[0])
-ops = ["plan_decode", "plan_decode_legacy", "plan_online_decode", "plan_prefill",
-       "plan_prefill_legacy", "plan_online_prefill", "compress_forward", "compress_norm_rope_store",
-       "c1_norm_rope_store", "c2_norm_rope_store", "c2_prefill_norm_rope_store",
-       "low_ratio_index_k_store", "kv_store"]
+ops = sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+             if n.startswith("dsv4::"))  # every schema of csrc/registration.cpp
 missing = [(op, key) for op in ops for key in ("CPU", "CUDA")
            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{op}", key)]
 if missing:

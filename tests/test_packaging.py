@@ -18,6 +18,12 @@ from dsv4_ops import _library
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def test_op_names_are_the_registration_block():
+    with open(os.path.join(ROOT, "csrc", "registration.cpp")) as f:
+        defined = re.findall(r'm\.def\(\s*"(\w+)\(', f.read())
+    assert defined and sorted(defined) == list(_library.OP_NAMES)
+
+
 def test_every_op_has_kernels():
     keys = ["CPU"] + (["CUDA"] if torch.cuda.is_available() else [])
     for op in _library.OP_NAMES:
