@@ -16,21 +16,23 @@ namespace {
 
 uint8_t* cache_bytes(at::Tensor& cache) { return static_cast<uint8_t*>(cache.data_ptr()); }
 
-// One 32-lane group per row. Whole 64-thread multiples (AMD wavefronts), at most 256 threads;
-// fewer when the rows would not fill every SM (as compress_norm_rope_store's launch), so that a
-// decode step's handful of rows runs on as many SMs.
+// row_threads threads per row (low_ratio::kRowThreads for the 512-dim rows, one lane group for
+// index-K's 128), whole 64-thread multiples (AMD wavefronts), at most kBlockThreadsMax threads;
+// fewer rows a block when the rows would not fill every SM (as compress_norm_rope_store's
+// launch), so that a decode step's handful of rows runs on as many SMs.
 struct RowLaunch {
   dim3 grid;
   dim3 block;
 };
-RowLaunch row_launch(int64_t n_rows, const LaunchEnv& env, const char* op, const char* arg) {
+RowLaunch row_launch(int64_t n_rows, int row_threads, const LaunchEnv& env, const char* op,
+                     const char* arg) {
   const int64_t rows_per_sm = (n_rows + env.sms - 1) / env.sms;
   const int threads = int(std::min<int64_t>(low_ratio::kBlockThreadsMax,
-                                            (rows_per_sm * kLaneGroup + 63) / 64 * 64));
-  const int64_t rows_per_block = threads / kLaneGroup;
+                                            (rows_per_sm * row_threads + 63) / 64 * 64));
+  const int64_t rows_per_block = threads / row_threads;
   const int64_t blocks = (n_rows + rows_per_block - 1) / rows_per_block;
   DSV4_CHECK(blocks <= int64_t(0x7fffffff), op, arg, "has too many rows (", n_rows, ")");
-  return {dim3(unsigned(blocks)), dim3(unsigned(threads))};
+  return {dim3(unsigned(blocks)), dim3(unsigned(rows_per_block * row_threads))};
 }
 
 // The latent / cache half of the c1 and c2 kernels' arguments.
@@ -141,7 +143,8 @@ void c1_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& norm_weight
   a.loc64 = g.loc64;
   a.vec_kv = aligned(a.kv, 8);
   const LaunchEnv env = launch_env(kvcache);
-  launch_for_encoding<C1Kernels>(g.layout, row_launch(g.n_rows, env, kC1Op, "kv"), env, a);
+  launch_for_encoding<C1Kernels>(
+      g.layout, row_launch(g.n_rows, low_ratio::kRowThreads, env, kC1Op, "kv"), env, a);
   DSV4_CHECK_LAUNCH();
 }
 
@@ -161,7 +164,8 @@ void c2_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& state,
   a.in = pair_inputs(g, kv_score, state, positions, req, raw_out_loc);
   a.draft_len = g.draft_len;
   const LaunchEnv env = launch_env(kvcache);
-  launch_for_encoding<C2Kernels>(g.layout, row_launch(g.n_rows, env, kC2Op, "kv_score"), env, a);
+  launch_for_encoding<C2Kernels>(
+      g.layout, row_launch(g.n_rows, low_ratio::kRowThreads, env, kC2Op, "kv_score"), env, a);
   DSV4_CHECK_LAUNCH();
 }
 
@@ -187,16 +191,16 @@ void c2_prefill_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& sta
   const LaunchEnv env = launch_env(kvcache);
   // Pass 1 over every row; pass 2 after it, over each request's last min(len, ring) rows
   // (at most min(ring, n_rows)).
-  launch_for_encoding<C2PoolKernels>(g.layout,
-                                     row_launch(g.n_rows, env, kC2PrefillOp, "kv_score"), env, a);
+  launch_for_encoding<C2PoolKernels>(
+      g.layout, row_launch(g.n_rows, low_ratio::kRowThreads, env, kC2PrefillOp, "kv_score"), env,
+      a);
   const int64_t parked = std::min<int64_t>(g.ring_size, g.n_rows);
-  const int park_threads =
-      int(std::min<int64_t>(low_ratio::kBlockThreadsMax, (parked * kLaneGroup + 63) / 64 * 64));
-  a.park_blocks = (parked + park_threads / kLaneGroup - 1) / (park_threads / kLaneGroup);
+  const int64_t park_rows = std::min<int64_t>(low_ratio::kRowsPerBlockMax, parked);
+  a.park_blocks = (parked + park_rows - 1) / park_rows;
   DSV4_CHECK(a.park_blocks * g.num_reqs <= int64_t(0x7fffffff), kC2PrefillOp, "extend_seq_lens",
              "has too many requests (", g.num_reqs, ") for ring_size ", g.ring_size);
   launch_kernel(c2_prefill_park_kernel, dim3(unsigned(a.park_blocks * g.num_reqs)),
-                dim3(unsigned(park_threads)), 0, env.stream, env.pdl, a);
+                dim3(unsigned(park_rows * low_ratio::kRowThreads)), 0, env.stream, env.pdl, a);
   DSV4_CHECK_LAUNCH();
 }
 
@@ -229,7 +233,7 @@ void low_ratio_index_k_store_cuda(const at::Tensor& k, const at::Tensor& norm_we
   a.vec_in = aligned(a.k, 8) && aligned(a.norm_weight, 16) && aligned(a.freqs, 16);
   a.vec_out = aligned(a.cache, 2) && g.page_bytes % 2 == 0;
   const LaunchEnv env = launch_env(cache);
-  const RowLaunch l = row_launch(g.n_rows, env, kIndexKOp, "k");
+  const RowLaunch l = row_launch(g.n_rows, kLaneGroup, env, kIndexKOp, "k");
   if (g.ratio == 1)
     launch_kernel(low_ratio_index_k_store_kernel<1>, l.grid, l.block, 0, env.stream, env.pdl, a);
   else
@@ -259,8 +263,9 @@ void kv_store_cuda(const at::Tensor& x, const at::Tensor& loc,
   a.vec_in = aligned(a.x, 16) && (a.freqs_rows == nullptr || aligned(a.freqs_rows, 16));
   a.vec_out = aligned(a.cache, 8) && g.page_bytes % 8 == 0;
   const LaunchEnv env = launch_env(kvcache);
-  launch_for_encoding<KvStoreKernels>(g.layout, row_launch(g.n_rows, env, kKvStoreOp, "x"), env,
-                                      a, g.x_bf16);
+  launch_for_encoding<KvStoreKernels>(
+      g.layout, row_launch(g.n_rows, low_ratio::kRowThreads, env, kKvStoreOp, "x"), env, a,
+      g.x_bf16);
   DSV4_CHECK_LAUNCH();
 }
 

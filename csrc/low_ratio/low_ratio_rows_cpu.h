@@ -1,6 +1,6 @@
 // CPU per-row building blocks of the V4.1 stores (contract V4.1 1.4 - 1.8, 3), shared by
 // low_ratio_cpu.cpp and the V4.1 layouts of compress_norm_rope_store (store_cpu.cpp): the
-// lane-order RMS statistic, the RoPE tail, the fp4 fake quant, and the encoding of 512 values
+// lane-order RMS statistics, the RoPE tail, the fp4 fake quant, and the encoding of 512 values
 // into a cache layout at a slot. Built only from the per-value functions of low_ratio_math.h /
 // store_math.h, so the bytes equal the GPU kernels'.
 #pragma once
@@ -15,8 +15,9 @@
 
 namespace dsv4 {
 
-// rsqrt(mean(x^2) + eps) over hd (128 or 512) values, summed as the GPU does: per lane over
-// (j, k) in the lane layout, then the xor-butterfly tree.
+// rsqrt(mean(x^2) + eps) over hd (128 or 512) values, summed as a one-lane-group GPU kernel
+// does (index-K, compress_norm_rope_store): per lane over (j, k) in the lane layout, then the
+// xor-butterfly tree.
 inline float lane_order_rms_inv(const float* x, int hd, float eps) {
   float partial[kLaneGroup];
   for (int l = 0; l < kLaneGroup; ++l) {
@@ -148,9 +149,10 @@ inline float weight_at(const void* w, bool w_bf16, int d) {
   return w_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(w)[d]) : static_cast<const float*>(w)[d];
 }
 
-// latent[c] = bf16(norm_value(x[c], inv, w[c])) of 512 values x (contract V4.1 1.4).
+// latent[c] = bf16(norm_value(x[c], inv, w[c])) of 512 values x, the sum in latent_sumsq's
+// order (contract V4.1 1.4).
 inline void latent_row(const float* x, const void* w, bool w_bf16, float eps, uint16_t* latent) {
-  const float inv = lane_order_rms_inv(x, kLowRatioHeadDim, eps);
+  const float inv = rms_inv(latent_sumsq(x), kLowRatioHeadDim, eps);
   for (int d = 0; d < kLowRatioHeadDim; ++d)
     latent[d] = f32_to_bf16(norm_value(x[d], inv, weight_at(w, w_bf16, d)));
 }

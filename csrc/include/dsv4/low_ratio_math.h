@@ -3,7 +3,8 @@
 // GPU kernels (csrc/include/dsv4/low_ratio/*.cuh) and the V4.1 layouts of
 // compress_norm_rope_store. Every function is built from IEEE operations with one rounding
 // each (explicit fmaf, no library exp), so the CPU and the GPU produce the same bits. The
-// RMSNorm sums follow store_math.h's lane layout (lane_dim, sumsq_step, lane_tree_sum).
+// RMSNorm sums follow store_math.h's lane layout (lane_dim, sumsq_step, lane_tree_sum); the
+// 512-dim latent's adds its four 128-dim chunks' sums in order (latent_sumsq).
 #pragma once
 
 #include <math.h>
@@ -64,6 +65,31 @@ DSV4_HD float pair_pool(float kv_even, float score_even, float kv_odd, float sco
 
 // The RoPE position of a compressed token: the group's first position, pos & ~(ratio - 1).
 DSV4_HD int64_t group_position(int64_t pos, int ratio) { return pos & ~int64_t(ratio - 1); }
+
+// ---- the latent's RMSNorm sum (contract V4.1 1.4) ------------------------------------------
+
+// The sum of squares of a 512-dim latent input in its one fixed order: per 128-dim chunk j,
+// the lane layout's sum (lane l: fmaf partials over dims lane_dim(j, l, k), k = 0..3, then the
+// 32 lanes' xor-butterfly), and the four chunk sums added in chunk order. The GPU kernels hold
+// a row as four lane groups, one a chunk (low_ratio/row_encode.cuh, row_sumsq).
+DSV4_HD float chunk_sumsq_total(float s0, float s1, float s2, float s3) {
+  return ((s0 + s1) + s2) + s3;
+}
+
+// Host side: chunk j's sum of the 512 values x, and the row's.
+inline float chunk_sumsq(const float* x, int j) {
+  float partial[kLaneGroup];
+  for (int l = 0; l < kLaneGroup; ++l) {
+    float acc = 0.0f;
+    for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[lane_dim(j, l, k)]);
+    partial[l] = acc;
+  }
+  return lane_tree_sum(partial);
+}
+inline float latent_sumsq(const float* x) {
+  return chunk_sumsq_total(chunk_sumsq(x, 0), chunk_sumsq(x, 1), chunk_sumsq(x, 2),
+                           chunk_sumsq(x, 3));
+}
 
 // ---- e2m1 / e4m3 helpers -----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 // c1_norm_rope_store GPU kernel (docs/contract.md, "V4.1" 2.3), shared by CUDA and HIP: the
-// ratio-1 compressor. One 32-lane group per row, several rows per block; every row writes its
-// latent, rows with out_loc > 0 their cache slot.
+// ratio-1 compressor. Four 32-lane groups per row (row_encode.cuh's mapping), several rows per
+// block; every row writes its latent, rows with out_loc > 0 their cache slot.
 //
 // Instantiation: c1_norm_rope_store_kernel<Encoding> with Encoding a layout_encoding
 // (kLayoutV4, kLayoutV41, kLayoutV41Fp4, kLayoutUniformFp8; the interleaved layouts share the
@@ -28,20 +28,19 @@ template <int kEncoding>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c1_norm_rope_store_kernel(C1KernelArgs a) {
   using namespace low_ratio;
-  int lane;
-  const int64_t t = group_row(&lane);
+  const RowThread r = row_thread();
   pdl_wait();
   pdl_trigger();
-  if (t >= a.n_rows) return;
-  const int64_t pos = load_index(a.positions, a.pos64, t);
-  const int64_t loc = load_index(a.out_loc, a.loc64, t);
-  RowValues x, w, lat;
-  float f[4];
-  load_bf16_row(a.kv + t * kLowRatioHeadDim, lane, a.vec_kv, x);
-  load_weight(a.out.norm_weight, a.out.w_bf16, lane, a.out.vec_w, w);
-  const bool rope_ok = load_rope_at(a.out, pos, lane, f);
-  latent_row(x, w, a.out.eps, lat);
-  publish_latent<kEncoding>(a.out, t, lane, lat, loc, rope_ok, f);
+  const bool live = r.row < a.n_rows;
+  LatentInputs in;
+  int64_t loc = 0;
+  if (live) {
+    const int64_t pos = load_index(a.positions, a.pos64, r.row);
+    loc = load_index(a.out_loc, a.loc64, r.row);
+    load_bf16_chunk(a.kv + r.row * kLowRatioHeadDim, r, a.vec_kv, in.x);
+    load_latent_params(a.out, pos, r, in);
+  }
+  publish_latent<kEncoding>(a.out, r, live, in, loc);  // every thread (a block barrier)
 }
 
 }  // namespace dsv4

@@ -1,6 +1,7 @@
 // c2_norm_rope_store GPU kernel (docs/contract.md, "V4.1" 2.4, 2.5), shared by CUDA and HIP: the
 // ratio-2 compressor in decode (draft_len 1) and verify (draft_len D > 1, blocks of D consecutive
-// positions of one request). One 32-lane group per row, several rows per block.
+// positions of one request). Four 32-lane groups per row (row_encode.cuh's mapping), several
+// rows per block.
 //   raw_out_loc <= 0: nothing (padded, also when its rid aliases a live request);
 //   even pos: its 1024 input floats, bitwise, to state[slot(rid, pos)];
 //   odd pos: pooled with its partner (input row t-1 inside a verify block, else
@@ -28,25 +29,30 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_norm_rope_store_kernel(C2KernelArgs a) {
   using namespace low_ratio;
   const PairInputs& in = a.in;
-  int lane;
-  const int64_t t = group_row(&lane);
+  const RowThread r = row_thread();
   pdl_wait();
   pdl_trigger();
-  if (t >= in.n_rows) return;
-  const int64_t raw = in.raw(t), pos = in.pos(t), rid = in.rid(t);
-  // The row's own inputs go out with its indices (a padded row's are in bounds and unused).
-  PairRow own;
-  load_pair_row(in.row(t), lane, in.vec_in, own);
-  if (raw <= 0) return;
-  if (pos % 2 == 0) {
-    in.park(rid, pos, lane, own);
-    return;
+  LatentInputs li;
+  bool closes = false;  // an odd row with its partner: publishes a latent
+  int64_t raw = 0;
+  if (r.row < in.n_rows) {
+    const int64_t t = r.row;
+    raw = in.raw(t);
+    const int64_t pos = in.pos(t), rid = in.rid(t);
+    // The row's own inputs go out with its indices (a padded row's are in bounds and unused).
+    PairChunk own;
+    load_pair_chunk(in.row(t), r, in.vec_in, own);
+    if (raw > 0 && pos % 2 == 0) {
+      in.park(rid, pos, r, own);
+    } else if (raw > 0) {
+      const bool in_block = a.draft_len > 1 && t % a.draft_len != 0;
+      const float* partner = in_block ? in.row(t - 1) : in.ring_row(rid, pos - 1);
+      closes = partner != nullptr;
+      if (closes)
+        load_pooled_inputs(a.out, r, own, partner, in_block ? in.vec_in : in.vec_state, pos, li);
+    }
   }
-  const bool in_block = a.draft_len > 1 && t % a.draft_len != 0;
-  const float* partner = in_block ? in.row(t - 1) : in.ring_row(rid, pos - 1);
-  if (partner == nullptr) return;
-  close_pair<kEncoding>(a.out, t, lane, own, partner, in_block ? in.vec_in : in.vec_state, raw,
-                        pos);
+  publish_latent<kEncoding>(a.out, r, closes, li, raw >> 1);  // every thread (a block barrier)
 }
 
 }  // namespace dsv4

@@ -1,11 +1,13 @@
 // c2_prefill_norm_rope_store GPU kernels (docs/contract.md, "V4.1" 2.6), shared by CUDA and HIP:
 // the ratio-2 compressor over an extend batch, in two launches on one stream.
-//   c2_prefill_pool_kernel<Encoding>: pass 1, one 32-lane group per row. An odd row with
+//   c2_prefill_pool_kernel<Encoding>: pass 1, four 32-lane groups per row (row_encode.cuh's
+//     mapping). An odd row with
 //     raw_out_loc != 0 inside a request's range pools with row t-1 when that row is in the same
 //     range, has the same rid, position pos-1 and raw_out_loc != 0, else with
 //     state[slot(rid, pos-1)]; it writes its latent row and its cache slot raw_out_loc >> 1.
-//   c2_prefill_park_kernel: pass 2, park_blocks blocks per request: the last min(len, ring) rows
-//     of each request, padded ones skipped, copied bitwise to state[slot(rid, pos)]. It starts
+//   c2_prefill_park_kernel: pass 2, park_blocks blocks per request (the same mapping): the last
+//     min(len, ring) rows of each request, padded ones skipped, copied bitwise to
+//     state[slot(rid, pos)]. It starts
 //     after pass 1 has finished (stream order; with PDL its pdl_wait waits for pass 1's
 //     completion), so no pass-1 read sees a pass-2 write.
 #pragma once
@@ -28,8 +30,8 @@ struct C2PrefillKernelArgs {
 namespace low_ratio {
 
 // The first row of the lowest request i whose range [start_i, start_i + len_i) holds row t
-// (clipped to row 0), or -1 (zero-length requests hold none). The group scans 32 requests a
-// step.
+// (clipped to row 0), or -1 (zero-length requests hold none). The lane group scans 32 requests
+// a step (each of a row's groups scans for itself).
 DSV4_DEVICE int64_t request_start_of(const int32_t* start, const int32_t* lens, int64_t num_reqs,
                                      int64_t t, int lane) {
   for (int64_t base = 0; base < num_reqs; base += kLaneGroup) {
@@ -57,36 +59,46 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_prefill_pool_kernel(C2PrefillKernelArgs a) {
   using namespace low_ratio;
   const PairInputs& in = a.in;
-  int lane;
-  const int64_t t = group_row(&lane);
+  const RowThread r = row_thread();
   pdl_wait();
   pdl_trigger();
-  if (t >= in.n_rows) return;
-  const int64_t raw = in.raw(t), pos = in.pos(t), rid = in.rid(t);
-  if (raw == 0 || pos % 2 == 0) return;  // padded and even rows write nothing in pass 1
-  const int64_t first = request_start_of(a.extend_start, a.extend_lens, a.num_reqs, t, lane);
-  if (first < 0) return;  // outside every request's range
-  const bool in_batch =
-      t - 1 >= first && in.rid(t - 1) == rid && in.pos(t - 1) == pos - 1 && in.raw(t - 1) != 0;
-  const float* partner = in_batch ? in.row(t - 1) : in.ring_row(rid, pos - 1);
-  if (partner == nullptr) return;
-  PairRow own;
-  load_pair_row(in.row(t), lane, in.vec_in, own);
-  close_pair<kEncoding>(a.out, t, lane, own, partner, in_batch ? in.vec_in : in.vec_state, raw,
-                        pos);
+  LatentInputs li;
+  bool closes = false;  // an odd row with its partner: publishes a latent
+  int64_t raw = 0;
+  if (r.row < in.n_rows) {
+    const int64_t t = r.row;
+    raw = in.raw(t);
+    const int64_t pos = in.pos(t), rid = in.rid(t);
+    // Padded and even rows write nothing in pass 1; neither do rows outside every request's range.
+    const int64_t first = raw == 0 || pos % 2 == 0
+                              ? -1
+                              : request_start_of(a.extend_start, a.extend_lens, a.num_reqs, t,
+                                                 r.lane);
+    if (first >= 0) {
+      const bool in_batch = t - 1 >= first && in.rid(t - 1) == rid && in.pos(t - 1) == pos - 1 &&
+                            in.raw(t - 1) != 0;
+      const float* partner = in_batch ? in.row(t - 1) : in.ring_row(rid, pos - 1);
+      closes = partner != nullptr;
+      if (closes) {
+        PairChunk own;
+        load_pair_chunk(in.row(t), r, in.vec_in, own);
+        load_pooled_inputs(a.out, r, own, partner, in_batch ? in.vec_in : in.vec_state, pos, li);
+      }
+    }
+  }
+  publish_latent<kEncoding>(a.out, r, closes, li, raw >> 1);  // every thread (a block barrier)
 }
 
-// Block b: request b / park_blocks; its lane group r of the request's rows (counting the
+// Block b: request b / park_blocks; its row slot r of the request's rows (counting the
 // request's blocks): the r-th of the last min(len, ring) rows of its range clipped to the
 // input rows.
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_prefill_park_kernel(C2PrefillKernelArgs a) {
   using namespace low_ratio;
   const PairInputs& in = a.in;
-  const int lane = int(threadIdx.x) % kLaneGroup;
+  const RowThread th = row_thread();
   const int64_t i = int64_t(blockIdx.x) / a.park_blocks;
-  const int64_t r = (int64_t(blockIdx.x) % a.park_blocks) * (blockDim.x / kLaneGroup) +
-                    threadIdx.x / kLaneGroup;
+  const int64_t r = (int64_t(blockIdx.x) % a.park_blocks) * (blockDim.x / kRowThreads) + th.slot;
   pdl_wait();
   pdl_trigger();
   const int64_t s = a.extend_start[i], len = a.extend_lens[i];
@@ -97,9 +109,9 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   if (r >= kept) return;
   const int64_t t = end - kept + r;
   if (in.raw(t) == 0) return;  // padded: skipped, not replaced
-  PairRow row;
-  load_pair_row(in.row(t), lane, in.vec_in, row);
-  in.park(in.rid(t), in.pos(t), lane, row);
+  PairChunk row;
+  load_pair_chunk(in.row(t), th, in.vec_in, row);
+  in.park(in.rid(t), in.pos(t), th, row);
 }
 
 }  // namespace dsv4

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   load_bits(a.k + t * kIndexKDim + 4 * lane, a.vec_in, xb);
   if (a.w_bf16) load_bits(static_cast<const uint16_t*>(a.norm_weight) + 4 * lane, a.vec_in, wb);
   else load_bits(static_cast<const float*>(a.norm_weight) + 4 * lane, a.vec_in, wb);
-  load_rope_pairs(a.freqs + p * kRopeDim, lane, a.vec_in, f);
+  load_rope_pairs(a.freqs + p * kRopeDim, lane, rope_lane(lane), a.vec_in, f);
   bits_to_f32(xb, true, x);
   bits_to_f32(wb, a.w_bf16, w);
 

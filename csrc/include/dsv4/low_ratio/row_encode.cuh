@@ -1,9 +1,13 @@
-// Device functions of the V4.1 GPU kernels (docs/contract.md, "V4.1"): a 512-dim row in
-// store_math.h's lane layout (lane l of a 32-lane group holds dims lane_dim(j, l, k), j, k < 4),
-// its RMSNorm latent, the RoPE of its last 64 dims, the fp4 fake quant and the encoding + store
-// into a cache slot of a V4.1 layout. Shared by the c1 / c2 / kv_store kernels and by the V4.1
-// layouts of compress_norm_rope_store (store/store_kernel.cuh); the per-value functions are
-// low_ratio_math.h's, so the bytes equal the CPU kernels'.
+// Device functions of the V4.1 GPU kernels (docs/contract.md, "V4.1"). A 512-dim row is held by
+// kRowThreads = 4 lane groups of 32 threads: group (chunk) j holds dims 128j .. 128j + 127, lane
+// l of it dims lane_dim(j, l, k) = 128j + 4l + k (k < 4). Every tile of the layouts (16, 32 or
+// 64 dims) lies inside one chunk, so amaxes and scales are lane-group reductions; only the
+// RMSNorm sum of squares crosses the groups, through shared memory in the fixed order of
+// latent_sumsq (low_ratio_math.h). The functions here: the latent, the RoPE of the last 64 dims
+// (chunk 3, lanes 16..31), the fp4 fake quant and the encoding + store into a cache slot of a
+// V4.1 layout. The encoder also serves the V4.1 layouts of compress_norm_rope_store
+// (store/store_kernel.cuh, one lane group holding all four chunks of a token); the per-value
+// functions are low_ratio_math.h's, so the bytes equal the CPU kernels'.
 #pragma once
 
 #include "../low_ratio_math.h"
@@ -15,22 +19,48 @@
 namespace dsv4 {
 namespace low_ratio {
 
-constexpr int kRowChunks = kLowRatioHeadDim / 128;  // 4-value chunks per lane
-constexpr int kRowsPerBlockMax = 8;                 // lane groups per block (256 threads)
-constexpr int kBlockThreadsMax = kRowsPerBlockMax * kLaneGroup;
+constexpr int kRowChunks = kLowRatioHeadDim / 128;      // 128-dim chunks = lane groups of a row
+constexpr int kRowThreads = kRowChunks * kLaneGroup;   // threads of one 512-dim row
+constexpr int kBlockThreadsMax = 256;                  // whole rows, whole 64-lane wavefronts
+constexpr int kRowsPerBlockMax = kBlockThreadsMax / kRowThreads;
+static_assert(kBlockThreadsMax % kRowThreads == 0 && kBlockThreadsMax % 64 == 0,
+              "a block holds whole rows and whole wavefronts");
 
-// A lane's 16 values of a 512-dim row: v[j][k] is dim lane_dim(j, lane, k).
-using RowValues = float[kRowChunks][4];
+// A thread's 4 values of a 512-dim row: v[k] is dim lane_dim(chunk, lane, k).
+using ChunkValues = float[4];
 
-// Dims 448..511 (the RoPE tail) live in chunk 3, lanes 16..31; lane l's pairs (k = 0, 1) and
-// (2, 3) are tail pairs 2(l - 16) and 2(l - 16) + 1, i.e. floats 4(l - 16) .. +3 of a freqs row.
-DSV4_DEVICE bool rope_lane(int lane) { return lane >= kLaneGroup / 2; }
-DSV4_DEVICE int rope_offset(int lane) { return 4 * (lane - kLaneGroup / 2); }
+// The calling thread's place: row (blockDim.x / kRowThreads rows a block), its chunk (lane
+// group) and lane, and the row's index inside the block (`slot`, for the shared sums).
+struct RowThread {
+  int64_t row;
+  int chunk;
+  int lane;
+  int slot;
+};
+DSV4_DEVICE RowThread row_thread() {
+  const int tid = int(threadIdx.x);
+  RowThread r;
+  r.slot = tid / kRowThreads;
+  r.chunk = tid % kRowThreads / kLaneGroup;
+  r.lane = tid % kLaneGroup;
+  r.row = int64_t(blockIdx.x) * (blockDim.x / kRowThreads) + r.slot;
+  return r;
+}
 
-// The calling thread's lane and the row of its lane group (blockDim.x / 32 rows a block).
+// The calling thread's lane and the row of its lane group, for the 128-dim rows of index-K
+// (one lane group a row, blockDim.x / 32 rows a block).
 DSV4_DEVICE int64_t group_row(int* lane) {
   *lane = int(threadIdx.x) % kLaneGroup;
   return int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+}
+
+// The RoPE dims of a 128-dim chunk are its lanes 16..31 (dims 64..127); lane l's pairs (k = 0, 1)
+// and (2, 3) are tail pairs 2(l - 16) and 2(l - 16) + 1, i.e. floats 4(l - 16) .. +3 of a freqs
+// row. A 512-dim row rotates dims 448..511: chunk 3's.
+DSV4_DEVICE bool rope_lane(int lane) { return lane >= kLaneGroup / 2; }
+DSV4_DEVICE int rope_offset(int lane) { return 4 * (lane - kLaneGroup / 2); }
+DSV4_DEVICE bool rope_thread(const RowThread& r) {
+  return r.chunk == kRowChunks - 1 && rope_lane(r.lane);
 }
 
 // An index tensor's element i (int32 or int64).
@@ -38,63 +68,62 @@ DSV4_DEVICE int64_t load_index(const void* p, bool i64, int64_t i) {
   return i64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
 }
 
-// A bf16 row's (or weight's) values in the lane layout.
-DSV4_DEVICE void load_bf16_row(const uint16_t* row, int lane, bool vec, RowValues& v) {
-  using namespace store_detail;
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) {
-    uint32_t r[4];
-    load_bits(row + lane_dim(j, lane, 0), vec, r);
-    bits_to_f32(r, true, v[j]);
-  }
+// The thread's values of a bf16 row (or weight) and of an fp32 one.
+DSV4_DEVICE void load_bf16_chunk(const uint16_t* row, const RowThread& r, bool vec,
+                                 ChunkValues& v) {
+  uint32_t b[4];
+  store_detail::load_bits(row + lane_dim(r.chunk, r.lane, 0), vec, b);
+  store_detail::bits_to_f32(b, true, v);
 }
-DSV4_DEVICE void load_f32_row(const float* row, int lane, bool vec, RowValues& v) {
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) store_detail::load4(row + lane_dim(j, lane, 0), vec, v[j]);
+DSV4_DEVICE void load_f32_chunk(const float* row, const RowThread& r, bool vec, ChunkValues& v) {
+  store_detail::load4(row + lane_dim(r.chunk, r.lane, 0), vec, v);
 }
 // The norm weight, bf16 bits (w_bf16) or fp32.
-DSV4_DEVICE void load_weight(const void* w, bool w_bf16, int lane, bool vec, RowValues& v) {
-  if (w_bf16) load_bf16_row(static_cast<const uint16_t*>(w), lane, vec, v);
-  else load_f32_row(static_cast<const float*>(w), lane, vec, v);
+DSV4_DEVICE void load_weight(const void* w, bool w_bf16, const RowThread& r, bool vec,
+                             ChunkValues& v) {
+  if (w_bf16) load_bf16_chunk(static_cast<const uint16_t*>(w), r, vec, v);
+  else load_f32_chunk(static_cast<const float*>(w), r, vec, v);
 }
 
-// The (cos, sin) pairs of a rope lane from a 64-float freqs row; identity elsewhere.
-DSV4_DEVICE void load_rope_pairs(const float* freqs_row, int lane, bool vec, float (&f)[4]) {
+// The (cos, sin) pairs of a rope lane from a 64-float freqs row; identity elsewhere
+// (`rotates`: the thread holds RoPE dims).
+DSV4_DEVICE void load_rope_pairs(const float* freqs_row, int lane, bool rotates, bool vec,
+                                 float (&f)[4]) {
   f[0] = 1.0f;
   f[1] = 0.0f;
   f[2] = 1.0f;
   f[3] = 0.0f;
-  if (rope_lane(lane)) store_detail::load4(freqs_row + rope_offset(lane), vec, f);
+  if (rotates) store_detail::load4(freqs_row + rope_offset(lane), vec, f);
 }
 
-// The published latent (contract V4.1 1.4): the sum of squares in (j, k) order per lane, the
-// group's xor-butterfly sum, then bf16(x * inv * w), returned as the bf16 value.
-DSV4_DEVICE void latent_row(const RowValues& x, const RowValues& w, float eps, RowValues& lat) {
+// The sum of squares of a 512-dim row (contract V4.1 1.4) in latent_sumsq's order: each lane's
+// partial over k, the lane group's xor-butterfly (the chunk's sum), then the four chunk sums in
+// chunk order through shared memory. A block barrier: every thread of the block calls it, once
+// per kernel (threads of rows that publish nothing pass zeros).
+DSV4_DEVICE float row_sumsq(const ChunkValues& x, const RowThread& r) {
+  __shared__ float chunk_sums[kRowsPerBlockMax][kRowChunks];
   float acc = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kRowChunks; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[j][k]);
-  const float inv = rms_inv(group_sum(acc), kLowRatioHeadDim, eps);
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) lat[j][k] = round_to_bf16(norm_value(x[j][k], inv, w[j][k]));
+  for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[k]);
+  const float s = group_sum(acc);
+  if (r.lane == 0) chunk_sums[r.slot][r.chunk] = s;
+  __syncthreads();
+  const float* c = chunk_sums[r.slot];
+  return chunk_sumsq_total(c[0], c[1], c[2], c[3]);
 }
 
-// bf16 values (exact in bf16) stored as one 512-dim bf16 row.
-DSV4_DEVICE void store_bf16_row(uint16_t* row, int lane, bool vec, const RowValues& v) {
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j)
-    store_detail::store_u64(reinterpret_cast<uint8_t*>(row + lane_dim(j, lane, 0)),
-                            bf16x2_bits(v[j][0], v[j][1]), bf16x2_bits(v[j][2], v[j][3]), vec);
+// bf16 values (exact in bf16) stored into a 512-dim bf16 row.
+DSV4_DEVICE void store_bf16_chunk(uint16_t* row, const RowThread& r, bool vec,
+                                  const ChunkValues& v) {
+  store_detail::store_u64(reinterpret_cast<uint8_t*>(row + lane_dim(r.chunk, r.lane, 0)),
+                          bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]), vec);
 }
 
-// RoPE of dims 448..511 by the lane's (cos, sin) pairs f; `round_bf16`: each rotated value
+// RoPE of dims 448..511 by the thread's (cos, sin) pairs f; `round_bf16`: each rotated value
 // rounded to bf16 (contract V4.1 1.5).
-DSV4_DEVICE void rope_tail(RowValues& v, const float (&f)[4], int lane, bool round_bf16) {
-  if (!rope_lane(lane)) return;
-  float* t = v[kRowChunks - 1];
+DSV4_DEVICE void rope_tail(ChunkValues& t, const float (&f)[4], const RowThread& r,
+                           bool round_bf16) {
+  if (!rope_thread(r)) return;
   rope_pair(t[0], t[1], f[0], f[1]);
   rope_pair(t[2], t[3], f[2], f[3]);
   if (round_bf16) {
@@ -103,26 +132,22 @@ DSV4_DEVICE void rope_tail(RowValues& v, const float (&f)[4], int lane, bool rou
   }
 }
 
-// am[j]: max |v| over the tile of kLanes lanes (4 kLanes dims) that holds chunk j's values,
-// the four chunks' reductions interleaved.
-template <int kLanes>
-DSV4_DEVICE void tile_amaxes(const RowValues& v, float (&am)[kRowChunks]) {
+// am[i]: max |v| over the tile of kLanes lanes (4 kLanes dims) that holds v[i]'s values, the
+// reductions of a thread's chunks interleaved.
+template <int kLanes, int kChunks>
+DSV4_DEVICE void tile_amaxes(const float (&v)[kChunks][4], float (&am)[kChunks]) {
   using namespace store_detail;
 #pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) am[j] = abs_max4(v[j]);
+  for (int i = 0; i < kChunks; ++i) am[i] = abs_max4(v[i]);
   subgroup_max<kLanes>(am);
 }
 
 // The fp4 fake quant of the fp8-style layouts (contract V4.1 1.6): 16-dim blocks = 4 lanes.
-DSV4_DEVICE void fake_quant_row(RowValues& v) {
-  float am[kRowChunks];
-  tile_amaxes<kFakeQuantBlock / 4>(v, am);
+DSV4_DEVICE void fake_quant_chunk(ChunkValues& v) {
+  const float am = store_detail::subgroup_max<kFakeQuantBlock / 4>(store_detail::abs_max4(v));
+  const TileDivisor s = tile_divisor(fake_quant_scale(am));
 #pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) {
-    const TileDivisor s = tile_divisor(fake_quant_scale(am[j]));
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[j][k] = fake_quant_value(v[j][k], s);
-  }
+  for (int k = 0; k < 4; ++k) v[k] = fake_quant_value(v[k], s);
 }
 
 // Where a token's data and scales go, or false when `loc` writes nothing (negative or past the
@@ -143,137 +168,126 @@ DSV4_DEVICE bool row_destination(uint8_t* cache, int64_t loc, int layout, int lo
   return true;
 }
 
-// Scale byte b of a row whose scale for (chunk j, lane) is e[j], for the lane-group-wide
-// arrangement of `kLanesPerScale` lanes per scale: byte b = (128 / tile) * j + lane / lanes,
-// gathered so that lane b holds it (b < 512 / tile).
-template <int kLanesPerScale>
-DSV4_DEVICE uint32_t gather_scale_byte(const uint32_t (&e)[kRowChunks], int lane) {
-  constexpr int kPerChunk = kLaneGroup / kLanesPerScale;  // scales per chunk
-  const int src = kLanesPerScale * (lane % kPerChunk);
-  uint32_t out = 0u;
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) {
-    const uint32_t g = shfl_idx(e[j], src);
-    if (lane / kPerChunk == j) out = g;
-  }
-  return out;
-}
-
-// Encodes a lane's values q and stores them in the slot d with the row encoding kEncoding
-// (layout_encoding of the layout; contract V4.1 1.7, 3.2 - 3.4). V4: dims 0..447 e4m3 with one
-// ds_mla_exponent per 64, 448..511 bf16 of q, scale byte 7 untouched. Every lane of the group
-// calls (shuffles).
-template <int kEncoding>
-DSV4_DEVICE void encode_store_row(const RowValues& q, int lane, const RowDestination& d,
-                                  bool vec_out) {
+// Encodes a lane's values q of kChunks chunks (q[i] of chunk first_chunk + i) and stores them
+// in the slot d with the row encoding kEncoding (layout_encoding of the layout; contract V4.1
+// 1.7, 3.2 - 3.4); the chunks' reductions interleaved, then the stores. A tile's scale byte is
+// written by its first lane. V4: dims 0..447 e4m3 with one ds_mla_exponent per 64, 448..511
+// bf16 of q, scale byte 7 untouched. Every lane of the group calls (shuffles).
+template <int kEncoding, int kChunks>
+DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chunk, int lane,
+                                     const RowDestination& d, bool vec_out) {
   using namespace store_detail;
   if constexpr (kEncoding == kLayoutV4) {
-    float am[kRowChunks];
-    uint32_t lo[kRowChunks], hi[kRowChunks], ex[kRowChunks];
-    tile_amaxes<kDsMlaGroup / 4>(q, am);
-    const auto is_rope = [&](int j) { return 2 * j + lane / 16 >= kDsMlaNopeDim / kDsMlaGroup; };
+    // One UE8M0 per 64 dims = 16 lanes: byte 2j + lane / 16 of chunk j (7 bytes).
+    constexpr int kLanes = kDsMlaGroup / 4;
+    float am[kChunks];
+    uint32_t lo[kChunks], hi[kChunks], ex[kChunks];
+    tile_amaxes<kLanes>(q, am);
+    const auto group = [&](int i) { return 2 * (first_chunk + i) + lane / kLanes; };
+    const auto is_rope = [&](int i) { return group(i) >= kDsMlaNopeDim / kDsMlaGroup; };
 #pragma unroll
-    for (int j = 0; j < kRowChunks; ++j) {
-      ex[j] = ds_mla_exponent(am[j]);
-      if (is_rope(j)) {
-        lo[j] = bf16x2_bits(q[j][0], q[j][1]);
-        hi[j] = bf16x2_bits(q[j][2], q[j][3]);
+    for (int i = 0; i < kChunks; ++i) {
+      ex[i] = ds_mla_exponent(am[i]);
+      if (is_rope(i)) {
+        lo[i] = bf16x2_bits(q[i][0], q[i][1]);
+        hi[i] = bf16x2_bits(q[i][2], q[i][3]);
       } else {
-        lo[j] = e4m3x4_mul(q[j], ue8m0_inv_scale(uint8_t(ex[j])));
-        hi[j] = 0u;
+        lo[i] = e4m3x4_mul(q[i], ue8m0_inv_scale(uint8_t(ex[i])));
+        hi[i] = 0u;
       }
     }
-    const uint32_t e1 = shfl_xor(ex[0], 16), e3 = shfl_xor(ex[1], 16), e5 = shfl_xor(ex[2], 16);
 #pragma unroll
-    for (int j = 0; j < kRowChunks; ++j) {
-      if (is_rope(j))  // rope dims as bf16 at byte 448 + 2 * (dim - 448)
-        store_u64(d.data + 2 * lane_dim(j, lane, 0) - kDsMlaNopeDim, lo[j], hi[j], vec_out);
+    for (int i = 0; i < kChunks; ++i) {
+      const int dim = lane_dim(first_chunk + i, lane, 0);
+      if (is_rope(i))  // rope dims as bf16 at byte 448 + 2 * (dim - 448)
+        store_u64(d.data + 2 * dim - kDsMlaNopeDim, lo[i], hi[i], vec_out);
       else
-        store_u32(d.data + lane_dim(j, lane, 0), lo[j], vec_out);
-    }
-    if (lane == 0) {
-      store_u32(d.scales, ex[0] | (e1 << 8) | (ex[1] << 16) | (e3 << 24), vec_out);
-      store_u16(d.scales + 4, ex[2] | (e5 << 8), vec_out);
-      d.scales[6] = uint8_t(ex[3]);
+        store_u32(d.data + dim, lo[i], vec_out);
+      if (lane % kLanes == 0 && !is_rope(i)) d.scales[group(i)] = uint8_t(ex[i]);
     }
   } else if constexpr (kEncoding == kLayoutV41) {
-    // One UE8M0 per 32 dims = 8 lanes; 16 scale bytes, byte 4j + lane / 8.
+    // One UE8M0 per 32 dims = 8 lanes; 16 scale bytes, byte 4j + lane / 8 of chunk j.
     constexpr int kLanes = 32 / 4;
-    float am[kRowChunks];
-    uint32_t ex[kRowChunks];
+    float am[kChunks];
+    uint32_t ex[kChunks];
     tile_amaxes<kLanes>(q, am);
 #pragma unroll
-    for (int j = 0; j < kRowChunks; ++j) {
-      ex[j] = v41_exponent(am[j]);
-      store_u32(d.data + lane_dim(j, lane, 0), e4m3x4_mul(q[j], ue8m0_inv_scale(uint8_t(ex[j]))),
+    for (int i = 0; i < kChunks; ++i) {
+      const int j = first_chunk + i;
+      ex[i] = v41_exponent(am[i]);
+      store_u32(d.data + lane_dim(j, lane, 0), e4m3x4_mul(q[i], ue8m0_inv_scale(uint8_t(ex[i]))),
                 vec_out);
+      if (lane % kLanes == 0) d.scales[(128 / 32) * j + lane / kLanes] = uint8_t(ex[i]);
     }
-    const uint32_t b = gather_scale_byte<kLanes>(ex, lane);
-    if (lane < kLowRatioHeadDim / 32) d.scales[lane] = uint8_t(b);
   } else if constexpr (kEncoding == kLayoutV41Fp4) {
     // One e4m3 scale per 16 dims = 4 lanes; nibble pairs (dim 2k low nibble of byte k): a lane's
     // 4 dims of chunk j are bytes 64j + 2 * lane, +1; 32 scale bytes, byte 8j + lane / 4.
     constexpr int kLanes = 16 / 4;
-    float am[kRowChunks];
-    uint32_t sb[kRowChunks];
+    float am[kChunks];
     tile_amaxes<kLanes>(q, am);
 #pragma unroll
-    for (int j = 0; j < kRowChunks; ++j) {
-      sb[j] = v41_fp4_scale_byte(am[j]);
-      const TileDivisor s = tile_divisor(e4m3_value(uint8_t(sb[j])));
+    for (int i = 0; i < kChunks; ++i) {
+      const int j = first_chunk + i;
+      const uint8_t sb = v41_fp4_scale_byte(am[i]);
+      const TileDivisor s = tile_divisor(e4m3_value(sb));
       const uint32_t c0 =
-          uint32_t(v41_fp4_code(q[j][0], s)) | (uint32_t(v41_fp4_code(q[j][1], s)) << 4);
+          uint32_t(v41_fp4_code(q[i][0], s)) | (uint32_t(v41_fp4_code(q[i][1], s)) << 4);
       const uint32_t c1 =
-          uint32_t(v41_fp4_code(q[j][2], s)) | (uint32_t(v41_fp4_code(q[j][3], s)) << 4);
+          uint32_t(v41_fp4_code(q[i][2], s)) | (uint32_t(v41_fp4_code(q[i][3], s)) << 4);
       store_u16(d.data + lane_dim(j, lane, 0) / 2, c0 | (c1 << 8), vec_out);
+      if (lane % kLanes == 0) d.scales[(128 / 16) * j + lane / kLanes] = sb;
     }
-    d.scales[lane] = uint8_t(gather_scale_byte<kLanes>(sb, lane));  // 32 bytes, one a lane
   } else {
     static_assert(kEncoding == kLayoutUniformFp8, "unknown row encoding");
 #pragma unroll
-    for (int j = 0; j < kRowChunks; ++j)
-      store_u32(d.data + lane_dim(j, lane, 0),
-                e4m3x2(q[j][0], q[j][1]) | (e4m3x2(q[j][2], q[j][3]) << 16), vec_out);
+    for (int i = 0; i < kChunks; ++i)
+      store_u32(d.data + lane_dim(first_chunk + i, lane, 0),
+                e4m3x2(q[i][0], q[i][1]) | (e4m3x2(q[i][2], q[i][3]) << 16), vec_out);
   }
+}
+
+// encode_store_chunks of one thread's chunk of a row.
+template <int kEncoding>
+DSV4_DEVICE void encode_store_chunk(const ChunkValues& q, const RowThread& r,
+                                    const RowDestination& d, bool vec_out) {
+  const float c[1][4] = {{q[0], q[1], q[2], q[3]}};
+  encode_store_chunks<kEncoding, 1>(c, r.chunk, r.lane, d, vec_out);
 }
 
 // The cache row of a latent (contract V4.1 1.5 - 1.7): float(latent), the tail rotated by f and
 // rounded to bf16, the fake quant for the fp8-style encodings, then the encoding.
 template <int kEncoding>
-DSV4_DEVICE void store_latent_row(RowValues& v, const float (&f)[4], int lane,
-                                  const RowDestination& d, bool vec_out) {
-  rope_tail(v, f, lane, true);
-  if constexpr (layout_fake_quantises(kEncoding)) fake_quant_row(v);
-  encode_store_row<kEncoding>(v, lane, d, vec_out);
+DSV4_DEVICE void store_latent_chunk(ChunkValues& v, const float (&f)[4], const RowThread& r,
+                                    const RowDestination& d, bool vec_out) {
+  rope_tail(v, f, r, true);
+  if constexpr (layout_fake_quantises(kEncoding)) fake_quant_chunk(v);
+  encode_store_chunk<kEncoding>(v, r, d, vec_out);
 }
 
-// A ratio-2 input / state row (kv | score, 1024 fp32) in the lane layout: kv[j][k] is
-// row[lane_dim(j, lane, k)], score[j][k] is row[512 + lane_dim(j, lane, k)].
-struct PairRow {
-  RowValues kv;
-  RowValues score;
+// A thread's part of a ratio-2 input / state row (kv | score, 1024 fp32): kv[k] is
+// row[lane_dim(chunk, lane, k)], score[k] is row[512 + lane_dim(chunk, lane, k)].
+struct PairChunk {
+  ChunkValues kv;
+  ChunkValues score;
 };
-DSV4_DEVICE void load_pair_row(const float* row, int lane, bool vec, PairRow& r) {
-  load_f32_row(row, lane, vec, r.kv);
-  load_f32_row(row + kLowRatioHeadDim, lane, vec, r.score);
+DSV4_DEVICE void load_pair_chunk(const float* row, const RowThread& r, bool vec, PairChunk& p) {
+  load_f32_chunk(row, r, vec, p.kv);
+  load_f32_chunk(row + kLowRatioHeadDim, r, vec, p.score);
 }
-// Bitwise copy of a pair row (the values as loaded) into a state row.
-DSV4_DEVICE void store_pair_row(float* row, int lane, bool vec, const PairRow& r) {
+// Bitwise copy of a pair row's values (as loaded) into a state row.
+DSV4_DEVICE void store_pair_chunk(float* row, const RowThread& r, bool vec, const PairChunk& p) {
+  float* kv = row + lane_dim(r.chunk, r.lane, 0);
+  float* sc = kv + kLowRatioHeadDim;
+  if (vec) {
+    *reinterpret_cast<uint4*>(kv) = make_uint4(f32_bits(p.kv[0]), f32_bits(p.kv[1]),
+                                               f32_bits(p.kv[2]), f32_bits(p.kv[3]));
+    *reinterpret_cast<uint4*>(sc) = make_uint4(f32_bits(p.score[0]), f32_bits(p.score[1]),
+                                               f32_bits(p.score[2]), f32_bits(p.score[3]));
+  } else {
 #pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) {
-    float* kv = row + lane_dim(j, lane, 0);
-    float* sc = row + kLowRatioHeadDim + lane_dim(j, lane, 0);
-    if (vec) {
-      *reinterpret_cast<uint4*>(kv) = make_uint4(f32_bits(r.kv[j][0]), f32_bits(r.kv[j][1]),
-                                                 f32_bits(r.kv[j][2]), f32_bits(r.kv[j][3]));
-      *reinterpret_cast<uint4*>(sc) = make_uint4(f32_bits(r.score[j][0]), f32_bits(r.score[j][1]),
-                                                 f32_bits(r.score[j][2]), f32_bits(r.score[j][3]));
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        kv[k] = r.kv[j][k];
-        sc[k] = r.score[j][k];
-      }
+    for (int k = 0; k < 4; ++k) {
+      kv[k] = p.kv[k];
+      sc[k] = p.score[k];
     }
   }
 }
@@ -307,25 +321,11 @@ struct PairInputs {
     return slot < state_rows ? state + slot * kPairRowWidth : nullptr;
   }
   // An input row's values, bitwise, to state[slot(r, p)] (nothing outside the state).
-  DSV4_DEVICE void park(int64_t r, int64_t p, int lane, const PairRow& values) const {
+  DSV4_DEVICE void park(int64_t r, int64_t p, const RowThread& th, const PairChunk& values) const {
     float* dst = ring_row(r, p);
-    if (dst != nullptr) store_pair_row(dst, lane, vec_state, values);
+    if (dst != nullptr) store_pair_chunk(dst, th, vec_state, values);
   }
 };
-
-// The latent of the odd row of a ratio-2 pair (contract V4.1 1.2, 1.4): of
-// x = bf16(pair_pool(partner, own)).
-DSV4_DEVICE void pooled_latent(const PairRow& partner, const PairRow& own, const RowValues& w,
-                               float eps, RowValues& lat) {
-  RowValues x;
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      x[j][k] = round_to_bf16(
-          pair_pool(partner.kv[j][k], partner.score[j][k], own.kv[j][k], own.score[j][k]));
-  latent_row(x, w, eps, lat);
-}
 
 // What the c1 / c2 kernels write for a latent row, and where.
 struct LatentOutputs {
@@ -347,44 +347,59 @@ struct LatentOutputs {
   bool vec_latent;  // latent 8-byte aligned
 };
 
-// The (cos, sin) pairs of RoPE position p, loaded (with the row's other inputs) only when p is
-// inside freqs; false: the row stores no cache row.
-DSV4_DEVICE bool load_rope_at(const LatentOutputs& o, int64_t p, int lane, float (&f)[4]) {
-  const bool in_table = p >= 0 && p < o.max_pos;
-  if (in_table) load_rope_pairs(o.freqs + p * kRopeDim, lane, o.vec_freqs, f);
-  return in_table;
+// A thread's inputs of a latent row: x (the RMSNorm input), the weights w, the RoPE pairs f
+// and whether the RoPE position lies inside freqs (`rope_ok`; else no cache row). Zeros for a
+// row that publishes nothing (it still takes part in row_sumsq's barrier).
+struct LatentInputs {
+  ChunkValues x = {0.0f, 0.0f, 0.0f, 0.0f};
+  ChunkValues w;
+  float f[4];
+  bool rope_ok = false;
+};
+
+// The weights and the (cos, sin) pairs of RoPE position p, loaded with the row's other inputs
+// (the pairs only when p is inside freqs).
+DSV4_DEVICE void load_latent_params(const LatentOutputs& o, int64_t p, const RowThread& r,
+                                    LatentInputs& in) {
+  load_weight(o.norm_weight, o.w_bf16, r, o.vec_w, in.w);
+  in.rope_ok = p >= 0 && p < o.max_pos;
+  load_rope_pairs(o.freqs + (in.rope_ok ? p : 0) * kRopeDim, r.lane,
+                  in.rope_ok && rope_thread(r), o.vec_freqs, in.f);
 }
 
-// Row t's latent, then its cache row at `loc` with the RoPE pairs f (of load_rope_at) where
-// loc > 0, the page lies in the cache and f's position is inside freqs (`rope_ok`) (contract
-// V4.1 2.3, 2.4). Uniform over the lane group.
+// Row r.row's latent (contract V4.1 1.4: bf16(x * inv * w)) when `publishes`, then its cache row
+// at `loc` where loc > 0, the page lies in the cache and the RoPE position inside freqs
+// (contract V4.1 2.3, 2.4). Every thread of the block calls it (row_sumsq); `publishes` is
+// uniform over a row.
 template <int kEncoding>
-DSV4_DEVICE void publish_latent(const LatentOutputs& o, int64_t t, int lane, RowValues& lat,
-                                int64_t loc, bool rope_ok, const float (&f)[4]) {
-  store_bf16_row(o.latent + t * kLowRatioHeadDim, lane, o.vec_latent, lat);
-  if (loc <= 0 || !rope_ok) return;
+DSV4_DEVICE void publish_latent(const LatentOutputs& o, const RowThread& r, bool publishes,
+                                const LatentInputs& in, int64_t loc) {
+  const float inv = rms_inv(row_sumsq(in.x, r), kLowRatioHeadDim, o.eps);
+  if (!publishes) return;
+  ChunkValues lat;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) lat[k] = round_to_bf16(norm_value(in.x[k], inv, in.w[k]));
+  store_bf16_chunk(o.latent + r.row * kLowRatioHeadDim, r, o.vec_latent, lat);
+  if (loc <= 0 || !in.rope_ok) return;
   RowDestination d;
   if (!row_destination(o.cache, loc, o.layout, o.log2_page_size, o.page_size, o.num_pages,
                        o.page_bytes, &d))
     return;
-  store_latent_row<kEncoding>(lat, f, lane, d, o.vec_out);
+  store_latent_chunk<kEncoding>(lat, in.f, r, d, o.vec_out);
 }
 
-// The odd row t of a ratio-2 pair (its own row `own`, its partner at `partner_row`): pooled,
-// its latent row written, its cache row at raw_out_loc >> 1 with RoPE at pos - 1 (contract
-// V4.1 1.2 - 1.7).
-template <int kEncoding>
-DSV4_DEVICE void close_pair(const LatentOutputs& o, int64_t t, int lane, const PairRow& own,
-                            const float* partner_row, bool vec_partner, int64_t raw,
-                            int64_t pos) {
-  PairRow partner;
-  RowValues w, lat;
-  float f[4];
-  load_pair_row(partner_row, lane, vec_partner, partner);
-  load_weight(o.norm_weight, o.w_bf16, lane, o.vec_w, w);
-  const bool rope_ok = load_rope_at(o, pos - 1, lane, f);
-  pooled_latent(partner, own, w, o.eps, lat);
-  publish_latent<kEncoding>(o, t, lane, lat, raw >> 1, rope_ok, f);
+// The inputs of the odd row of a ratio-2 pair (its own values `own`, its partner row at
+// `partner_row`, RoPE at pos - 1; contract V4.1 1.2, 1.4): x = bf16(pair_pool(partner, own)).
+DSV4_DEVICE void load_pooled_inputs(const LatentOutputs& o, const RowThread& r,
+                                    const PairChunk& own, const float* partner_row,
+                                    bool vec_partner, int64_t pos, LatentInputs& in) {
+  PairChunk partner;
+  load_pair_chunk(partner_row, r, vec_partner, partner);
+  load_latent_params(o, pos - 1, r, in);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    in.x[k] =
+        round_to_bf16(pair_pool(partner.kv[k], partner.score[k], own.kv[k], own.score[k]));
 }
 
 }  // namespace low_ratio

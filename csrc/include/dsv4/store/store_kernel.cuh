@@ -238,7 +238,9 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kForma
   if constexpr (kLayoutFormat) store_norm_rope_v41<KvT>(x, w, f, rope_lane, a.eps, y);
   else norm_rope<kJ>(x, w, f, rope_lane, a.eps, y);
   if constexpr (kLayoutFormat) {
-    low_ratio::encode_store_row<layout_encoding(kLayout)>(y, lane, {data, scales}, a.vec_out);
+    // one lane group holds the token's four chunks (0..3)
+    low_ratio::encode_store_chunks<layout_encoding(kLayout), kJ>(y, 0, lane, {data, scales},
+                                                                 a.vec_out);
   } else if constexpr (kFormat == kStoreFp8DsMla) {
     // bf16-round first; one UE8M0 scale per 64 dims = 16 lanes of one chunk. All chunks'
     // amaxes, exponents and codes first, then the stores: a store between two chunks (its
