@@ -1,15 +1,14 @@
 // c2_prefill_norm_rope_store GPU kernels (docs/contract.md, "V4.1" 2.6), shared by CUDA and HIP:
 // the ratio-2 compressor over an extend batch, in two launches on one stream.
 //   c2_prefill_pool_kernel<Encoding>: pass 1, four 32-lane groups per row (row_encode.cuh's
-//     mapping). An odd row with
-//     raw_out_loc != 0 inside a request's range pools with row t-1 when that row is in the same
-//     range, has the same rid, position pos-1 and raw_out_loc != 0, else with
-//     state[slot(rid, pos-1)]; it writes its latent row and its cache slot raw_out_loc >> 1.
+//     mapping). An odd row with raw_out_loc != 0 inside a request's range pools with row t-1
+//     when that row is in the same range, has the same rid, position pos-1 and
+//     raw_out_loc != 0, else with state[slot(rid, pos-1)]; it writes its latent row and its
+//     cache slot raw_out_loc >> 1.
 //   c2_prefill_park_kernel: pass 2, park_blocks blocks per request (the same mapping): the last
 //     min(len, ring) rows of each request, padded ones skipped, copied bitwise to
-//     state[slot(rid, pos)]. It starts
-//     after pass 1 has finished (stream order; with PDL its pdl_wait waits for pass 1's
-//     completion), so no pass-1 read sees a pass-2 write.
+//     state[slot(rid, pos)]. It starts after pass 1 has finished (stream order; with PDL its
+//     pdl_wait waits for pass 1's completion), so no pass-1 read sees a pass-2 write.
 #pragma once
 
 #include "row_encode.cuh"
