@@ -8,7 +8,7 @@
 
 `Compressor` bundles the parameters of one compressor of the model and derives the same.
 
-The V4.1 groundwork: `KVLayout`, the six paged cache layouts of the V4.1 caches (byte sizes and
+For V4.1: `KVLayout`, the six paged cache layouts of the V4.1 caches (byte sizes and
 addressing of a token), and the ratio-2 pair-state ring (`pair_ring_size`, `state_slots(
 "pair_ring", ...)`, `state_buffer(2, 512, ...)`).
 
