@@ -5,7 +5,7 @@ scalars), with the same messages, so that meta or fake tensors are refused where
 would refuse the real ones."""
 import torch
 
-from .layout import STORE_FORMATS, KVLayout, cache_page_bytes
+from .layout import INDEX_K_SLOT_BYTES, STORE_FORMATS, KVLayout, cache_page_bytes
 
 PLAN_RECORD_BYTES = 16   # DecodePlan, CompressPlan
 WRITE_RECORD_BYTES = 8   # WritePlan
@@ -307,7 +307,6 @@ def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio,
 _LATENT_DIM = 512
 _PAIR_ROW = 2 * _LATENT_DIM
 _INDEX_K_DIM = 128
-_INDEX_K_SLOT_BYTES = 68
 _MAX_RING = 2 ** 30
 _LAYOUT_VALUES = tuple(m.value for m in KVLayout)
 
@@ -478,8 +477,8 @@ def _(k, norm_weight, eps, freqs, positions, loc, cache, page_size, ratio):
     _index_vector(positions, op, "positions", n, *_INDEX)
     _index_vector(loc, op, "loc", n, *_INDEX)
     _dtype(cache, op, "cache", torch.uint8)
-    _paged_cache(cache, op, "cache", page_size, _INDEX_K_SLOT_BYTES * page_size,
-                 _INDEX_K_SLOT_BYTES * 2 * page_size, "the index-K cache (68 bytes a slot)")
+    _paged_cache(cache, op, "cache", page_size, INDEX_K_SLOT_BYTES * page_size,
+                 INDEX_K_SLOT_BYTES * 2 * page_size, "the index-K cache (68 bytes a slot)")
     return None
 
 

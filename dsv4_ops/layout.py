@@ -8,7 +8,7 @@
 
 `Compressor` bundles the parameters of one compressor of the model and derives the same.
 
-The V4.1 groundwork: `KVLayout`, the six paged cache layouts of the V4.1 caches (byte sizes and
+For V4.1: `KVLayout`, the six paged cache layouts of the V4.1 caches (byte sizes and
 addressing of a token), and the ratio-2 pair-state ring (`pair_ring_size`, `state_slots(
 "pair_ring", ...)`, `state_buffer(2, 512, ...)`).
 
@@ -48,6 +48,9 @@ STORE_FORMATS = {
     "fp8_indexer": StoreFormat(128, 128, 4, 4),
     "fp4_indexer": StoreFormat(128, 64, 4, 4),
 }
+# The V4.1 low-ratio index-K cache holds fp4_indexer slots: 64 code bytes + 4 exponent bytes.
+INDEX_K_SLOT_BYTES = (STORE_FORMATS["fp4_indexer"].data_bytes
+                      + STORE_FORMATS["fp4_indexer"].scale_stride)
 
 
 class _Encoding(NamedTuple):

@@ -12,10 +12,9 @@ import torch
 
 from . import ops
 from .compressor import freqs_as_real
-from .layout import KVLayout
+from .layout import INDEX_K_SLOT_BYTES, KVLayout
 
 Layout = Union[KVLayout, str]
-INDEX_K_SLOT_BYTES = 68  # 64 code bytes + 4 exponent bytes per index-K slot
 
 
 def _layout(fn: str, layout: Layout) -> str:

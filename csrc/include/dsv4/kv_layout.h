@@ -70,13 +70,4 @@ DSV4_HD constexpr bool layout_fake_quantises(int layout) {
   return layout_encoding(layout) != kLayoutV41Fp4;
 }
 
-// The low-ratio index-K cache: SPEC's fp4_indexer page of `ps` slots, 64 code bytes then 4
-// exponent bytes per slot, block-split.
-constexpr int kIndexKDim = 128;
-constexpr int64_t kIndexKDataBytes = 64;
-constexpr int64_t kIndexKScaleBytes = 4;
-DSV4_HD constexpr int64_t index_k_page_bytes(int64_t page_size) {
-  return page_size * (kIndexKDataBytes + kIndexKScaleBytes);
-}
-
 }  // namespace dsv4

@@ -25,6 +25,15 @@ constexpr float kE4m3ScaleMin = 0.001953125f;          // 2^-9, the smallest e4m
 constexpr uint8_t kV41MinExponent = 114;               // ue8m0_ceil(1e-4) = 2^-13
 constexpr float kIndexKAmaxFloor = 7.052966105e-38f;    // 6 * 2^-126
 
+// The low-ratio index-K cache is the fp4_indexer page of store_math.h: `ps` slots of 64 code
+// bytes, then their 4 exponent bytes each.
+constexpr int kIndexKDim = store_head_dim(kStoreFp4Indexer);
+constexpr int64_t kIndexKDataBytes = store_data_bytes(kStoreFp4Indexer);
+constexpr int64_t kIndexKScaleBytes = store_scale_bytes(kStoreFp4Indexer);
+DSV4_HD constexpr int64_t index_k_page_bytes(int64_t page_size) {
+  return store_page_bytes(kStoreFp4Indexer, page_size);
+}
+
 // ---- exp ---------------------------------------------------------------------------------------
 
 // e^x for x <= 0 (NaN passes through), within 2 ulp; the same bits on every backend (Cephes'
