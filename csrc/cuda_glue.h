@@ -1,5 +1,5 @@
 // Torch-side helpers for the CUDA/HIP glue of every op family: where kernels launch (stream,
-// PDL, multiprocessor count), launch error check.
+// PDL, multiprocessors), launch error check.
 #pragma once
 
 #include <algorithm>
@@ -17,11 +17,13 @@ namespace dsv4 {
 //   stream  the current stream of that device;
 //   pdl     programmatic dependent launch: sm_90 and later, never on HIP; DSV4_OPS_NO_PDL=1
 //           turns it off (for A/B timing);
-//   sms     streaming multiprocessors (CUDA) / compute units (HIP), at least 1.
+//   sms     streaming multiprocessors (CUDA) / compute units (HIP), at least 1;
+//   sm_threads  the threads one of them holds at once, at least 1.
 struct LaunchEnv {
   gpuStream_t stream;
   bool pdl;
   int64_t sms;
+  int64_t sm_threads;
 };
 
 inline LaunchEnv launch_env(const at::Tensor& t) {
@@ -39,6 +41,7 @@ inline LaunchEnv launch_env(const at::Tensor& t) {
   env.pdl = !pdl_disabled && prop->major >= 9;
 #endif
   env.sms = std::max(1, prop->multiProcessorCount);
+  env.sm_threads = std::max(1, prop->maxThreadsPerMultiProcessor);
   return env;
 }
 

@@ -1,5 +1,7 @@
 """CUDA only: the V4.1 ops give the CPU kernels' bytes exactly (latent, ring, cache) on the
-same inputs (contract V4.1 4.2: byte-identical backends)."""
+same inputs (contract V4.1 4.2: byte-identical backends), in both row mappings of the GPU
+kernels: four lane groups a 512-dim row below one wave of rows, one lane group a row from
+there (csrc/low_ratio/low_ratio_cuda.cu, row_chunks)."""
 import pytest
 import torch
 
@@ -11,6 +13,17 @@ from low_ratio_cases import PAD, PairWorld
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CUDA = torch.device("cuda", 0)
+# Rows around the default build's threshold: one wave, wave - 1 (four groups a row) and
+# wave + 37 (one group a row, a partial last block).
+AROUND_WAVE = {"wave-1": -1, "wave+37": 37}
+
+
+def _wave_rows() -> int:
+    """The rows from which the default build's launches run one lane group a 512-dim row
+    (low_ratio_cuda.cu, row_chunks): the rows whose four lane groups (128 threads) the SMs
+    hold at once."""
+    p = torch.cuda.get_device_properties(CUDA)
+    return p.multi_processor_count * (p.max_threads_per_multi_processor // 128)
 
 
 @pytest.mark.parametrize("name", sorted(low_ratio_samples("cpu")))
@@ -43,6 +56,46 @@ def _steps(device, layout, ps):
     return out, world
 
 
+def _wave_launches(device, layout, n):
+    """A c2 prefill of 3 n rows (n requests of 3 rows from position 0, 1 or 2: the odd first
+    rows pair with the ring), a decode step of n rows and a verify round of >= n rows (3 a
+    request), each with padded rows (raw_out_loc 0, rid 1); the latents, ring and cache after
+    them. Every launch runs one lane group a row when n is at least one wave."""
+    g = lr.gen(125)
+    ring, ps = 4, 64
+    rid = torch.arange(n)
+    first = rid % 3
+    pages = (6 * n + 2) // ps + 1  # compressed slot 1 + 6 rid + pos // 2 (pos <= 8)
+    freqs, w = lr.random_freqs(12, g), lr.norm_weight(g)
+    state, cache = lr.kv_score_rows(n * ring, g), lr.cache_for(layout, pages, ps, g)
+
+    def rows(rids, pos, pad):
+        raw = 2 * (1 + 6 * rids + pos // 2) + pos % 2
+        z = torch.zeros(pad, dtype=lr.I64)
+        return [lr.kv_score_rows(len(rids) + pad, g), torch.cat([pos, z]),
+                torch.cat([rids, z + 1]), torch.cat([raw, z])]
+
+    three = torch.arange(3)
+    prefill = rows(rid.repeat_interleave(3), (first[:, None] + three).flatten(), 5)
+    decode = rows(rid, first + 3, 3)
+    v = torch.arange(n // 3 + 1)
+    verify = rows(v.repeat_interleave(3), (first[v][:, None] + 4 + three).flatten(), 3)
+    starts, lens = torch.arange(0, 3 * n, 3, dtype=lr.I32), torch.full((n,), 3, dtype=lr.I32)
+    latents = [lr.random_bytes((len(r[0]), lr.HD), g, torch.bfloat16)
+               for r in (prefill, decode, verify)]
+
+    st, c, d_w, d_f = lr.to(device, state, cache, w, freqs)
+    out = lr.to(device, *latents)
+    lr.OPS.c2_prefill_norm_rope_store(*lr.to(device, prefill[0]), st, d_w, lr.EPS, d_f,
+                                      *lr.to(device, *prefill[1:], starts, lens), c, ps, ring,
+                                      layout.value, out[0])
+    for (x, pos, req, raw), draft_len, lat in ((decode, 1, out[1]), (verify, 3, out[2])):
+        lr.OPS.c2_norm_rope_store(*lr.to(device, x), st, d_w, lr.EPS, d_f,
+                                  *lr.to(device, pos, req, raw), c, ps, ring, draft_len,
+                                  layout.value, lat)
+    return out, st, c
+
+
 @pytest.mark.parametrize("ps", lr.PAGE_SIZES)
 @pytest.mark.parametrize("layout", lr.LAYOUTS, ids=lr.LAYOUT_IDS)
 def test_c2_steps_byte_identical(layout, ps):
@@ -55,9 +108,23 @@ def test_c2_steps_byte_identical(layout, ps):
 
 
 @pytest.mark.parametrize("layout", lr.LAYOUTS, ids=lr.LAYOUT_IDS)
-def test_c1_kv_store_index_k_byte_identical(layout):
+def test_c2_launches_past_a_wave_byte_identical(layout):
+    """_wave_launches past one wave (one lane group a row); _steps' small launches run four."""
+    n = _wave_rows() + AROUND_WAVE["wave+37"]
+    cpu, cuda = _wave_launches("cpu", layout, n), _wave_launches(CUDA, layout, n)
+    for k, (a, b) in enumerate(zip(cuda[0], cpu[0])):
+        lr.assert_same_bits(a, b, f"{layout.value}: launch {k} latent")
+    lr.assert_same_bits(cuda[1], cpu[1], f"{layout.value}: ring")
+    lr.assert_same_bits(cuda[2], cpu[2], f"{layout.value}: cache")
+
+
+@pytest.mark.parametrize("rows", [None, *AROUND_WAVE], ids=["300", *AROUND_WAVE])
+@pytest.mark.parametrize("layout", lr.LAYOUTS, ids=lr.LAYOUT_IDS)
+def test_c1_kv_store_index_k_byte_identical(layout, rows):
     g = lr.gen(124)
-    n, ps, pages = 300, 64, 6
+    n = 300 if rows is None else _wave_rows() + AROUND_WAVE[rows]
+    ps = 64
+    pages = n // ps + 2
     kv = lr.kv_rows(n, g)
     w, w128 = lr.norm_weight(g), lr.norm_weight(g, lr.INDEX_DIM)
     freqs = lr.random_freqs(512, g)

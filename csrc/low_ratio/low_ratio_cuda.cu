@@ -16,23 +16,54 @@ namespace {
 
 uint8_t* cache_bytes(at::Tensor& cache) { return static_cast<uint8_t*>(cache.data_ptr()); }
 
-// row_threads threads per row (low_ratio::kRowThreads for the 512-dim rows, one lane group for
-// index-K's 128), whole 64-thread multiples (AMD wavefronts), at most kBlockThreadsMax threads;
-// fewer rows a block when the rows would not fill every SM (as compress_norm_rope_store's
-// launch), so that a decode step's handful of rows runs on as many SMs.
+// Rows from which a 512-dim row kernel runs one lane group a row (row_encode.cuh's kChunks = 4)
+// instead of four (kChunks = 1). Tuning knobs (A/B builds): a row count (0: always, a huge
+// value: never), or -1, the default: one wave of four-group rows (row_chunks).
+#ifndef DSV4_LR_WIDE_ROWS_MIN
+#define DSV4_LR_WIDE_ROWS_MIN -1  // c1, kv_store
+#endif
+#ifndef DSV4_LR_WIDE_PAIR_ROWS_MIN
+#define DSV4_LR_WIDE_PAIR_ROWS_MIN -1  // c2 decode / verify, the c2 prefill's two passes
+#endif
+
+// The chunks a thread of a 512-dim row holds in a launch of n_rows rows (`rows_min` one of the
+// knobs above): 1 while the rows' four groups fit on the SMs at once, where one row's latency
+// is the launch's; 4 from there, where the loads an SM holds in flight are (4x a thread's).
+int row_chunks(int64_t n_rows, int64_t rows_min, const LaunchEnv& env) {
+  const int64_t wave = env.sms * std::max<int64_t>(1, env.sm_threads / low_ratio::row_threads(1));
+  return n_rows >= (rows_min < 0 ? wave : rows_min) ? low_ratio::kRowChunks : 1;
+}
+
+// Rows a block of `rows` rows of row_threads threads each: whole 64-thread multiples (AMD
+// wavefronts), at most kBlockThreadsMax threads.
+int64_t block_rows(int64_t rows, int row_threads) {
+  return std::min<int64_t>(low_ratio::kBlockThreadsMax, (rows * row_threads + 63) / 64 * 64) /
+         row_threads;
+}
+
+// row_threads threads per row (low_ratio::row_threads(chunks) for the 512-dim rows, one lane
+// group for index-K's 128); fewer rows a block when the rows would not fill every SM (as
+// compress_norm_rope_store's launch), so that a decode step's handful of rows runs on as many
+// SMs. `chunks`: the kernel instance (1 or 4) for the 512-dim rows.
 struct RowLaunch {
   dim3 grid;
   dim3 block;
+  int chunks;
 };
 RowLaunch row_launch(int64_t n_rows, int row_threads, const LaunchEnv& env, const char* op,
                      const char* arg) {
-  const int64_t rows_per_sm = (n_rows + env.sms - 1) / env.sms;
-  const int threads = int(std::min<int64_t>(low_ratio::kBlockThreadsMax,
-                                            (rows_per_sm * row_threads + 63) / 64 * 64));
-  const int64_t rows_per_block = threads / row_threads;
+  const int64_t rows_per_block = block_rows((n_rows + env.sms - 1) / env.sms, row_threads);
   const int64_t blocks = (n_rows + rows_per_block - 1) / rows_per_block;
   DSV4_CHECK(blocks <= int64_t(0x7fffffff), op, arg, "has too many rows (", n_rows, ")");
-  return {dim3(unsigned(blocks)), dim3(unsigned(rows_per_block * row_threads))};
+  return {dim3(unsigned(blocks)), dim3(unsigned(rows_per_block * row_threads)), 1};
+}
+// The launch of n_rows 512-dim rows in row_chunks' mapping.
+RowLaunch latent_row_launch(int64_t n_rows, int64_t rows_min, const LaunchEnv& env,
+                            const char* op, const char* arg) {
+  const int chunks = row_chunks(n_rows, rows_min, env);
+  RowLaunch l = row_launch(n_rows, low_ratio::row_threads(chunks), env, op, arg);
+  l.chunks = chunks;
+  return l;
 }
 
 // The latent / cache half of the c1 and c2 kernels' arguments.
@@ -80,48 +111,56 @@ low_ratio::PairInputs pair_inputs(const LowRatioGeometry& g, const at::Tensor& k
   return in;
 }
 
-// kernel<layout_encoding(layout)>: the interleaved layouts run their block-split twin's
-// instance (the offsets come from the run-time layout).
-template <template <int> class Kernels, typename... Args>
-void launch_for_encoding(int layout, Args&&... args) {
+// Kernels<layout_encoding(layout), l.chunks>::launch(l, ...): the interleaved layouts run their
+// block-split twin's instance (the offsets come from the run-time layout).
+template <template <int, int> class Kernels, int kChunks, typename... Args>
+void launch_encoding(int layout, const RowLaunch& l, Args&&... args) {
   switch (layout_encoding(layout)) {
-    case kLayoutV4: return Kernels<kLayoutV4>::launch(args...);
-    case kLayoutV41: return Kernels<kLayoutV41>::launch(args...);
-    case kLayoutV41Fp4: return Kernels<kLayoutV41Fp4>::launch(args...);
-    default: return Kernels<kLayoutUniformFp8>::launch(args...);
+    case kLayoutV4: return Kernels<kLayoutV4, kChunks>::launch(l, args...);
+    case kLayoutV41: return Kernels<kLayoutV41, kChunks>::launch(l, args...);
+    case kLayoutV41Fp4: return Kernels<kLayoutV41Fp4, kChunks>::launch(l, args...);
+    default: return Kernels<kLayoutUniformFp8, kChunks>::launch(l, args...);
   }
 }
+template <template <int, int> class Kernels, typename... Args>
+void launch_for_encoding(int layout, const RowLaunch& l, Args&&... args) {
+  if (l.chunks == low_ratio::kRowChunks)
+    launch_encoding<Kernels, low_ratio::kRowChunks>(layout, l, args...);
+  else
+    launch_encoding<Kernels, 1>(layout, l, args...);
+}
 
-template <int kEncoding>
+template <int kEncoding, int kChunks>
 struct C1Kernels {
   static void launch(const RowLaunch& l, const LaunchEnv& env, const C1KernelArgs& a) {
-    launch_kernel(c1_norm_rope_store_kernel<kEncoding>, l.grid, l.block, 0, env.stream, env.pdl,
-                  a);
+    launch_kernel(c1_norm_rope_store_kernel<kEncoding, kChunks>, l.grid, l.block, 0, env.stream,
+                  env.pdl, a);
   }
 };
-template <int kEncoding>
+template <int kEncoding, int kChunks>
 struct C2Kernels {
   static void launch(const RowLaunch& l, const LaunchEnv& env, const C2KernelArgs& a) {
-    launch_kernel(c2_norm_rope_store_kernel<kEncoding>, l.grid, l.block, 0, env.stream, env.pdl,
-                  a);
+    launch_kernel(c2_norm_rope_store_kernel<kEncoding, kChunks>, l.grid, l.block, 0, env.stream,
+                  env.pdl, a);
   }
 };
-template <int kEncoding>
+template <int kEncoding, int kChunks>
 struct C2PoolKernels {
   static void launch(const RowLaunch& l, const LaunchEnv& env, const C2PrefillKernelArgs& a) {
-    launch_kernel(c2_prefill_pool_kernel<kEncoding>, l.grid, l.block, 0, env.stream, env.pdl, a);
+    launch_kernel(c2_prefill_pool_kernel<kEncoding, kChunks>, l.grid, l.block, 0, env.stream,
+                  env.pdl, a);
   }
 };
-template <int kEncoding>
+template <int kEncoding, int kChunks>
 struct KvStoreKernels {
   static void launch(const RowLaunch& l, const LaunchEnv& env, const KvStoreKernelArgs& a,
                      bool x_bf16) {
     if (x_bf16)
-      launch_kernel(kv_store_kernel<kEncoding, uint16_t>, l.grid, l.block, 0, env.stream,
-                    env.pdl, a);
+      launch_kernel(kv_store_kernel<kEncoding, uint16_t, kChunks>, l.grid, l.block, 0,
+                    env.stream, env.pdl, a);
     else
-      launch_kernel(kv_store_kernel<kEncoding, float>, l.grid, l.block, 0, env.stream, env.pdl,
-                    a);
+      launch_kernel(kv_store_kernel<kEncoding, float, kChunks>, l.grid, l.block, 0, env.stream,
+                    env.pdl, a);
   }
 };
 
@@ -144,7 +183,7 @@ void c1_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& norm_weight
   a.vec_kv = aligned(a.kv, 8);
   const LaunchEnv env = launch_env(kvcache);
   launch_for_encoding<C1Kernels>(
-      g.layout, row_launch(g.n_rows, low_ratio::kRowThreads, env, kC1Op, "kv"), env, a);
+      g.layout, latent_row_launch(g.n_rows, DSV4_LR_WIDE_ROWS_MIN, env, kC1Op, "kv"), env, a);
   DSV4_CHECK_LAUNCH();
 }
 
@@ -165,7 +204,8 @@ void c2_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& state,
   a.draft_len = g.draft_len;
   const LaunchEnv env = launch_env(kvcache);
   launch_for_encoding<C2Kernels>(
-      g.layout, row_launch(g.n_rows, low_ratio::kRowThreads, env, kC2Op, "kv_score"), env, a);
+      g.layout, latent_row_launch(g.n_rows, DSV4_LR_WIDE_PAIR_ROWS_MIN, env, kC2Op, "kv_score"),
+      env, a);
   DSV4_CHECK_LAUNCH();
 }
 
@@ -192,15 +232,26 @@ void c2_prefill_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& sta
   // Pass 1 over every row; pass 2 after it, over each request's last min(len, ring) rows
   // (at most min(ring, n_rows)).
   launch_for_encoding<C2PoolKernels>(
-      g.layout, row_launch(g.n_rows, low_ratio::kRowThreads, env, kC2PrefillOp, "kv_score"), env,
-      a);
+      g.layout,
+      latent_row_launch(g.n_rows, DSV4_LR_WIDE_PAIR_ROWS_MIN, env, kC2PrefillOp, "kv_score"),
+      env, a);
+  // Pass 2's mapping by the rows it may park (at most n_rows).
   const int64_t parked = std::min<int64_t>(g.ring_size, g.n_rows);
-  const int64_t park_rows = std::min<int64_t>(low_ratio::kRowsPerBlockMax, parked);
+  const int park_chunks = row_chunks(
+      std::min<int64_t>(g.n_rows, parked * std::min<int64_t>(g.num_reqs, g.n_rows)),
+      DSV4_LR_WIDE_PAIR_ROWS_MIN, env);
+  const int park_threads = low_ratio::row_threads(park_chunks);
+  const int64_t park_rows = block_rows(parked, park_threads);
   a.park_blocks = (parked + park_rows - 1) / park_rows;
   DSV4_CHECK(a.park_blocks * g.num_reqs <= int64_t(0x7fffffff), kC2PrefillOp, "extend_seq_lens",
              "has too many requests (", g.num_reqs, ") for ring_size ", g.ring_size);
-  launch_kernel(c2_prefill_park_kernel, dim3(unsigned(a.park_blocks * g.num_reqs)),
-                dim3(unsigned(park_rows * low_ratio::kRowThreads)), 0, env.stream, env.pdl, a);
+  const dim3 park_grid(unsigned(a.park_blocks * g.num_reqs));
+  const dim3 park_block(unsigned(park_rows * park_threads));
+  if (park_chunks == low_ratio::kRowChunks)
+    launch_kernel(c2_prefill_park_kernel<low_ratio::kRowChunks>, park_grid, park_block, 0,
+                  env.stream, env.pdl, a);
+  else
+    launch_kernel(c2_prefill_park_kernel<1>, park_grid, park_block, 0, env.stream, env.pdl, a);
   DSV4_CHECK_LAUNCH();
 }
 
@@ -264,7 +315,7 @@ void kv_store_cuda(const at::Tensor& x, const at::Tensor& loc,
   a.vec_out = aligned(a.cache, 8) && g.page_bytes % 8 == 0;
   const LaunchEnv env = launch_env(kvcache);
   launch_for_encoding<KvStoreKernels>(
-      g.layout, row_launch(g.n_rows, low_ratio::kRowThreads, env, kKvStoreOp, "x"), env, a,
+      g.layout, latent_row_launch(g.n_rows, DSV4_LR_WIDE_ROWS_MIN, env, kKvStoreOp, "x"), env, a,
       g.x_bf16);
   DSV4_CHECK_LAUNCH();
 }

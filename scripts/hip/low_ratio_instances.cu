@@ -1,5 +1,6 @@
 // HIP compile check: every V4.1 low-ratio kernel instantiation (c1, c2, c2 prefill: 4 row
-// encodings; index-K: ratios 1, 2; kv_store: 4 encodings x input dtype).
+// encodings x the two row mappings, kChunks 1 and 4; index-K: ratios 1, 2; kv_store:
+// 4 encodings x input dtype x the two mappings).
 #include "../include/dsv4/low_ratio/c1_kernel.cuh"
 #include "../include/dsv4/low_ratio/c2_kernel.cuh"
 #include "../include/dsv4/low_ratio/c2_prefill_kernel.cuh"
@@ -7,16 +8,21 @@
 #include "../include/dsv4/low_ratio/kv_store_kernel.cuh"
 
 namespace dsv4 {
-#define DSV4_LOW_RATIO_INSTANCES(ENC)                                                \
-  template __global__ void c1_norm_rope_store_kernel<ENC>(C1KernelArgs);             \
-  template __global__ void c2_norm_rope_store_kernel<ENC>(C2KernelArgs);             \
-  template __global__ void c2_prefill_pool_kernel<ENC>(C2PrefillKernelArgs);         \
-  template __global__ void kv_store_kernel<ENC, float>(KvStoreKernelArgs);           \
-  template __global__ void kv_store_kernel<ENC, uint16_t>(KvStoreKernelArgs);
-DSV4_LOW_RATIO_INSTANCES(kLayoutV4)
-DSV4_LOW_RATIO_INSTANCES(kLayoutV41)
-DSV4_LOW_RATIO_INSTANCES(kLayoutV41Fp4)
-DSV4_LOW_RATIO_INSTANCES(kLayoutUniformFp8)
+#define DSV4_LOW_RATIO_INSTANCES(ENC, CH)                                            \
+  template __global__ void c1_norm_rope_store_kernel<ENC, CH>(C1KernelArgs);         \
+  template __global__ void c2_norm_rope_store_kernel<ENC, CH>(C2KernelArgs);         \
+  template __global__ void c2_prefill_pool_kernel<ENC, CH>(C2PrefillKernelArgs);     \
+  template __global__ void kv_store_kernel<ENC, float, CH>(KvStoreKernelArgs);       \
+  template __global__ void kv_store_kernel<ENC, uint16_t, CH>(KvStoreKernelArgs);
+#define DSV4_LOW_RATIO_MAPPINGS(ENC) \
+  DSV4_LOW_RATIO_INSTANCES(ENC, 1)   \
+  DSV4_LOW_RATIO_INSTANCES(ENC, 4)
+DSV4_LOW_RATIO_MAPPINGS(kLayoutV4)
+DSV4_LOW_RATIO_MAPPINGS(kLayoutV41)
+DSV4_LOW_RATIO_MAPPINGS(kLayoutV41Fp4)
+DSV4_LOW_RATIO_MAPPINGS(kLayoutUniformFp8)
+template __global__ void c2_prefill_park_kernel<1>(C2PrefillKernelArgs);
+template __global__ void c2_prefill_park_kernel<4>(C2PrefillKernelArgs);
 template __global__ void low_ratio_index_k_store_kernel<1>(IndexKKernelArgs);
 template __global__ void low_ratio_index_k_store_kernel<2>(IndexKKernelArgs);
 }  // namespace dsv4

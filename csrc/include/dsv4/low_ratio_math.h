@@ -80,7 +80,7 @@ DSV4_HD int64_t group_position(int64_t pos, int ratio) { return pos & ~int64_t(r
 // The sum of squares of a 512-dim latent input in its one fixed order: per 128-dim chunk j,
 // the lane layout's sum (lane l: fmaf partials over dims lane_dim(j, l, k), k = 0..3, then the
 // 32 lanes' xor-butterfly), and the four chunk sums added in chunk order. The GPU kernels hold
-// a row as four lane groups, one a chunk (low_ratio/row_encode.cuh, row_sumsq).
+// a row as four lane groups (one a chunk) or one, in this order either way (row_encode.cuh).
 DSV4_HD float chunk_sumsq_total(float s0, float s1, float s2, float s3) {
   return ((s0 + s1) + s2) + s3;
 }

@@ -1,10 +1,12 @@
 // c1_norm_rope_store GPU kernel (docs/contract.md, "V4.1" 2.3), shared by CUDA and HIP: the
-// ratio-1 compressor. Four 32-lane groups per row (row_encode.cuh's mapping), several rows per
-// block; every row writes its latent, rows with out_loc > 0 their cache slot.
+// ratio-1 compressor. Four 32-lane groups or one per row (kChunks 1 or 4, row_encode.cuh's
+// mappings), several rows per block; every row writes its latent, rows with out_loc > 0 their
+// cache slot.
 //
-// Instantiation: c1_norm_rope_store_kernel<Encoding> with Encoding a layout_encoding
+// Instantiation: c1_norm_rope_store_kernel<Encoding, Chunks> with Encoding a layout_encoding
 // (kLayoutV4, kLayoutV41, kLayoutV41Fp4, kLayoutUniformFp8; the interleaved layouts share the
-// encoding of their block-split twin and differ only in LatentOutputs::layout).
+// encoding of their block-split twin and differ only in LatentOutputs::layout) and Chunks 1 or
+// 4 (the chunks a thread holds).
 #pragma once
 
 #include "row_encode.cuh"
@@ -24,20 +26,20 @@ struct C1KernelArgs {
   bool vec_kv;  // kv 8-byte aligned
 };
 
-template <int kEncoding>
+template <int kEncoding, int kChunks>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c1_norm_rope_store_kernel(C1KernelArgs a) {
   using namespace low_ratio;
-  const RowThread r = row_thread();
+  const RowThread r = row_thread<kChunks>();
   pdl_wait();
   pdl_trigger();
   const bool live = r.row < a.n_rows;
-  LatentInputs in;
+  LatentInputs<kChunks> in;
   int64_t loc = 0;
   if (live) {
     const int64_t pos = load_index(a.positions, a.pos64, r.row);
     loc = load_index(a.out_loc, a.loc64, r.row);
-    load_bf16_chunk(a.kv + r.row * kLowRatioHeadDim, r, a.vec_kv, in.x);
+    load_bf16_part(a.kv + r.row * kLowRatioHeadDim, r, a.vec_kv, in.x);
     load_latent_params(a.out, pos, r, in);
   }
   publish_latent<kEncoding>(a.out, r, live, in, loc);  // every thread (a block barrier)

@@ -1,7 +1,7 @@
 // c2_norm_rope_store GPU kernel (docs/contract.md, "V4.1" 2.4, 2.5), shared by CUDA and HIP: the
 // ratio-2 compressor in decode (draft_len 1) and verify (draft_len D > 1, blocks of D consecutive
-// positions of one request). Four 32-lane groups per row (row_encode.cuh's mapping), several
-// rows per block.
+// positions of one request). Four 32-lane groups or one per row (kChunks 1 or 4,
+// row_encode.cuh's mappings), several rows per block.
 //   raw_out_loc <= 0: nothing (padded, also when its rid aliases a live request);
 //   even pos: its 1024 input floats, bitwise, to state[slot(rid, pos)];
 //   odd pos: pooled with its partner (input row t-1 inside a verify block, else
@@ -9,7 +9,7 @@
 // A ring row outside the state skips the row. With ring > D no even row of a verify block parks
 // on the slot its head reads, so the rows are independent.
 //
-// Instantiation: c2_norm_rope_store_kernel<Encoding> (layout_encoding values, as c1's).
+// Instantiation: c2_norm_rope_store_kernel<Encoding, Chunks> (as c1's).
 #pragma once
 
 #include "row_encode.cuh"
@@ -24,15 +24,15 @@ struct C2KernelArgs {
   int64_t draft_len;
 };
 
-template <int kEncoding>
+template <int kEncoding, int kChunks>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_norm_rope_store_kernel(C2KernelArgs a) {
   using namespace low_ratio;
   const PairInputs& in = a.in;
-  const RowThread r = row_thread();
+  const RowThread r = row_thread<kChunks>();
   pdl_wait();
   pdl_trigger();
-  LatentInputs li;
+  LatentInputs<kChunks> li;
   bool closes = false;  // an odd row with its partner: publishes a latent
   int64_t raw = 0;
   if (r.row < in.n_rows) {
@@ -40,8 +40,8 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     raw = in.raw(t);
     const int64_t pos = in.pos(t), rid = in.rid(t);
     // The row's own inputs go out with its indices (a padded row's are in bounds and unused).
-    PairChunk own;
-    load_pair_chunk(in.row(t), r, in.vec_in, own);
+    PairPart<kChunks> own;
+    load_pair_part(in.row(t), r, in.vec_in, own);
     if (raw > 0 && pos % 2 == 0) {
       in.park(rid, pos, r, own);
     } else if (raw > 0) {

@@ -1,11 +1,11 @@
 // c2_prefill_norm_rope_store GPU kernels (docs/contract.md, "V4.1" 2.6), shared by CUDA and HIP:
 // the ratio-2 compressor over an extend batch, in two launches on one stream.
-//   c2_prefill_pool_kernel<Encoding>: pass 1, four 32-lane groups per row (row_encode.cuh's
-//     mapping). An odd row with raw_out_loc != 0 inside a request's range pools with row t-1
-//     when that row is in the same range, has the same rid, position pos-1 and
-//     raw_out_loc != 0, else with state[slot(rid, pos-1)]; it writes its latent row and its
-//     cache slot raw_out_loc >> 1.
-//   c2_prefill_park_kernel: pass 2, park_blocks blocks per request (the same mapping): the last
+//   c2_prefill_pool_kernel<Encoding, Chunks>: pass 1, four 32-lane groups or one per row
+//     (Chunks 1 or 4, row_encode.cuh's mappings). An odd row with raw_out_loc != 0 inside a
+//     request's range pools with row t-1 when that row is in the same range, has the same rid,
+//     position pos-1 and raw_out_loc != 0, else with state[slot(rid, pos-1)]; it writes its
+//     latent row and its cache slot raw_out_loc >> 1.
+//   c2_prefill_park_kernel<Chunks>: pass 2, park_blocks blocks per request: the last
 //     min(len, ring) rows of each request, padded ones skipped, copied bitwise to
 //     state[slot(rid, pos)]. It starts after pass 1 has finished (stream order; with PDL its
 //     pdl_wait waits for pass 1's completion), so no pass-1 read sees a pass-2 write.
@@ -53,15 +53,15 @@ DSV4_DEVICE int64_t request_start_of(const int32_t* start, const int32_t* lens, 
 
 }  // namespace low_ratio
 
-template <int kEncoding>
+template <int kEncoding, int kChunks>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_prefill_pool_kernel(C2PrefillKernelArgs a) {
   using namespace low_ratio;
   const PairInputs& in = a.in;
-  const RowThread r = row_thread();
+  const RowThread r = row_thread<kChunks>();
   pdl_wait();
   pdl_trigger();
-  LatentInputs li;
+  LatentInputs<kChunks> li;
   bool closes = false;  // an odd row with its partner: publishes a latent
   int64_t raw = 0;
   if (r.row < in.n_rows) {
@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
       const float* partner = in_batch ? in.row(t - 1) : in.ring_row(rid, pos - 1);
       closes = partner != nullptr;
       if (closes) {
-        PairChunk own;
-        load_pair_chunk(in.row(t), r, in.vec_in, own);
+        PairPart<kChunks> own;
+        load_pair_part(in.row(t), r, in.vec_in, own);
         load_pooled_inputs(a.out, r, own, partner, in_batch ? in.vec_in : in.vec_state, pos, li);
       }
     }
@@ -91,13 +91,15 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
 // Block b: request b / park_blocks; its row slot r of the request's rows (counting the
 // request's blocks): the r-th of the last min(len, ring) rows of its range clipped to the
 // input rows.
+template <int kChunks>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_prefill_park_kernel(C2PrefillKernelArgs a) {
   using namespace low_ratio;
   const PairInputs& in = a.in;
-  const RowThread th = row_thread();
+  const RowThread th = row_thread<kChunks>();
   const int64_t i = int64_t(blockIdx.x) / a.park_blocks;
-  const int64_t r = (int64_t(blockIdx.x) % a.park_blocks) * (blockDim.x / kRowThreads) + th.slot;
+  const int64_t r = (int64_t(blockIdx.x) % a.park_blocks) * (blockDim.x / row_threads(kChunks)) +
+                    th.slot;
   pdl_wait();
   pdl_trigger();
   const int64_t s = a.extend_start[i], len = a.extend_lens[i];
@@ -108,8 +110,8 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   if (r >= kept) return;
   const int64_t t = end - kept + r;
   if (in.raw(t) == 0) return;  // padded: skipped, not replaced
-  PairChunk row;
-  load_pair_chunk(in.row(t), th, in.vec_in, row);
+  PairPart<kChunks> row;
+  load_pair_part(in.row(t), th, in.vec_in, row);
   in.park(in.rid(t), in.pos(t), th, row);
 }
 

@@ -1,12 +1,12 @@
 // kv_store GPU kernel (docs/contract.md, "V4.1" 4.2; the reference's fused_store_cache of type
 // flashmla), shared by CUDA and HIP: plain stores of 512-dim rows into a cache layout. Four
-// 32-lane groups per row (row_encode.cuh's mapping; no reduction crosses them), several rows
-// per block; rows with loc < 0 or a page past the cache write nothing. v = float(x); with
-// freqs_rows (V41 family) dims 448..511 are rotated by the row's (cos, sin) pairs and rounded to
-// x's dtype; no fake quant; then the layout's encoding.
+// 32-lane groups or one per row (kChunks 1 or 4, row_encode.cuh's mappings; no reduction
+// crosses the groups), several rows per block; rows with loc < 0 or a page past the cache write
+// nothing. v = float(x); with freqs_rows (V41 family) dims 448..511 are rotated by the row's
+// (cos, sin) pairs and rounded to x's dtype; no fake quant; then the layout's encoding.
 //
-// Instantiation: kv_store_kernel<Encoding, XT> with Encoding a layout_encoding and XT float or
-// uint16_t (bf16 bits).
+// Instantiation: kv_store_kernel<Encoding, XT, Chunks> with Encoding a layout_encoding, XT float
+// or uint16_t (bf16 bits) and Chunks 1 or 4 (the chunks a thread holds).
 #pragma once
 
 #include "row_encode.cuh"
@@ -31,12 +31,12 @@ struct KvStoreKernelArgs {
   bool vec_out;  // cache and page_bytes 8-byte aligned
 };
 
-template <int kEncoding, typename XT>
+template <int kEncoding, typename XT, int kChunks>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     kv_store_kernel(KvStoreKernelArgs a) {
   using namespace low_ratio;
   constexpr bool kBf16 = sizeof(XT) == 2;
-  const RowThread r = row_thread();
+  const RowThread r = row_thread<kChunks>();
   pdl_wait();
   pdl_trigger();
   if (r.row >= a.n_rows) return;
@@ -44,16 +44,17 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   if (!row_destination(a.cache, load_index(a.loc, a.loc64, r.row), a.layout, a.log2_page_size,
                        a.page_size, a.num_pages, a.page_bytes, &d))
     return;
-  ChunkValues v;
+  RowPart<kChunks> v;
   const XT* row = static_cast<const XT*>(a.x) + r.row * kLowRatioHeadDim;
-  if constexpr (kBf16) load_bf16_chunk(reinterpret_cast<const uint16_t*>(row), r, a.vec_in, v);
-  else load_f32_chunk(reinterpret_cast<const float*>(row), r, a.vec_in, v);
+  if constexpr (kBf16) load_bf16_part(reinterpret_cast<const uint16_t*>(row), r, a.vec_in, v);
+  else load_f32_part(reinterpret_cast<const float*>(row), r, a.vec_in, v);
   if (a.freqs_rows != nullptr) {
     float f[4];
-    load_rope_pairs(a.freqs_rows + r.row * kRopeDim, r.lane, rope_thread(r), a.vec_in, f);
+    load_rope_pairs(a.freqs_rows + r.row * kRopeDim, r.lane, rope_thread<kChunks>(r), a.vec_in,
+                    f);
     rope_tail(v, f, r, kBf16);
   }
-  encode_store_chunk<kEncoding>(v, r, d, a.vec_out);
+  encode_store_chunks<kEncoding, kChunks>(v, r.chunk, r.lane, d, a.vec_out);
 }
 
 }  // namespace dsv4

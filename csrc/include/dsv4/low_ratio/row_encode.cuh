@@ -1,13 +1,19 @@
-// Device functions of the V4.1 GPU kernels (docs/contract.md, "V4.1"). A 512-dim row is held by
-// kRowThreads = 4 lane groups of 32 threads: group (chunk) j holds dims 128j .. 128j + 127, lane
-// l of it dims lane_dim(j, l, k) = 128j + 4l + k (k < 4). Every tile of the layouts (16, 32 or
-// 64 dims) lies inside one chunk, so amaxes and scales are lane-group reductions; only the
-// RMSNorm sum of squares crosses the groups, through shared memory in the fixed order of
-// latent_sumsq (low_ratio_math.h). The functions here: the latent, the RoPE of the last 64 dims
-// (chunk 3, lanes 16..31), the fp4 fake quant and the encoding + store into a cache slot of a
-// V4.1 layout. The encoder also serves the V4.1 layouts of compress_norm_rope_store
-// (store/store_kernel.cuh, one lane group holding all four chunks of a token); the per-value
-// functions are low_ratio_math.h's, so the bytes equal the CPU kernels'.
+// Device functions of the V4.1 GPU kernels (docs/contract.md, "V4.1"). A 512-dim row is four
+// 128-dim chunks; lane l of a 32-lane group holds dims lane_dim(j, l, k) = 128j + 4l + k (k < 4)
+// of a chunk j. A kernel holds a row in one of two mappings, a template argument kChunks (the
+// chunks a thread holds; the launch picks it by the row count: low_ratio_cuda.cu, row_chunks):
+//   kChunks = 1: four lane groups a row (group j = chunk j, 4 values a thread): a row's
+//     arithmetic spread over 128 threads, for the small (decode-sized) launches;
+//   kChunks = 4: one lane group a row (16 values a thread): 4x a thread's loads in flight, for
+//     the large (bandwidth-bound) launches.
+// Every tile of the layouts (16, 32 or 64 dims) lies inside one chunk, so amaxes and scales are
+// lane-group reductions in both; the RMSNorm sum of squares adds the four chunk sums in the
+// fixed order of latent_sumsq (low_ratio_math.h) in both (through shared memory across the four
+// groups), so the two mappings write the same bytes. The functions here: the latent, the RoPE of
+// the last 64 dims (chunk 3, lanes 16..31), the fp4 fake quant and the encoding + store into a
+// cache slot of a V4.1 layout. The encoder also serves the V4.1 layouts of
+// compress_norm_rope_store (store/store_kernel.cuh, one lane group holding all four chunks of a
+// token); the per-value functions are low_ratio_math.h's, so the bytes equal the CPU kernels'.
 #pragma once
 
 #include "../low_ratio_math.h"
@@ -19,31 +25,38 @@
 namespace dsv4 {
 namespace low_ratio {
 
-constexpr int kRowChunks = kLowRatioHeadDim / 128;      // 128-dim chunks = lane groups of a row
-constexpr int kRowThreads = kRowChunks * kLaneGroup;   // threads of one 512-dim row
-constexpr int kBlockThreadsMax = 256;                  // whole rows, whole 64-lane wavefronts
-constexpr int kRowsPerBlockMax = kBlockThreadsMax / kRowThreads;
-static_assert(kBlockThreadsMax % kRowThreads == 0 && kBlockThreadsMax % 64 == 0,
+constexpr int kRowChunks = kLowRatioHeadDim / 128;  // 128-dim chunks of a row
+constexpr int kBlockThreadsMax = 256;               // whole rows, whole 64-lane wavefronts
+
+// Threads of one 512-dim row when each holds `chunks` chunks (1 or kRowChunks), and the most
+// rows a block then holds.
+constexpr int row_threads(int chunks) { return kRowChunks / chunks * kLaneGroup; }
+constexpr int rows_per_block_max(int chunks) { return kBlockThreadsMax / row_threads(chunks); }
+static_assert(kBlockThreadsMax % row_threads(1) == 0 && kBlockThreadsMax % 64 == 0,
               "a block holds whole rows and whole wavefronts");
 
-// A thread's 4 values of a 512-dim row: v[k] is dim lane_dim(chunk, lane, k).
-using ChunkValues = float[4];
+// A thread's values of a 512-dim row: v[i][k] is dim lane_dim(chunk + i, lane, k) (RowThread).
+template <int kChunks>
+using RowPart = float[kChunks][4];
 
-// The calling thread's place: row (blockDim.x / kRowThreads rows a block), its chunk (lane
-// group) and lane, and the row's index inside the block (`slot`, for the shared sums).
+// The calling thread's place: row (blockDim.x / row_threads(kChunks) rows a block), its first
+// chunk and lane, and the row's index inside the block (`slot`, for the shared sums).
 struct RowThread {
   int64_t row;
   int chunk;
   int lane;
   int slot;
 };
+template <int kChunks>
 DSV4_DEVICE RowThread row_thread() {
+  static_assert(kChunks == 1 || kChunks == kRowChunks, "a thread holds one chunk or all four");
+  constexpr int kThreads = row_threads(kChunks);
   const int tid = int(threadIdx.x);
   RowThread r;
-  r.slot = tid / kRowThreads;
-  r.chunk = tid % kRowThreads / kLaneGroup;
+  r.slot = tid / kThreads;
+  r.chunk = tid % kThreads / kLaneGroup * kChunks;
   r.lane = tid % kLaneGroup;
-  r.row = int64_t(blockIdx.x) * (blockDim.x / kRowThreads) + r.slot;
+  r.row = int64_t(blockIdx.x) * (blockDim.x / kThreads) + r.slot;
   return r;
 }
 
@@ -56,11 +69,12 @@ DSV4_DEVICE int64_t group_row(int* lane) {
 
 // The RoPE dims of a 128-dim chunk are its lanes 16..31 (dims 64..127); lane l's pairs (k = 0, 1)
 // and (2, 3) are tail pairs 2(l - 16) and 2(l - 16) + 1, i.e. floats 4(l - 16) .. +3 of a freqs
-// row. A 512-dim row rotates dims 448..511: chunk 3's.
+// row. A 512-dim row rotates dims 448..511: chunk 3's, a thread's last chunk.
 DSV4_DEVICE bool rope_lane(int lane) { return lane >= kLaneGroup / 2; }
 DSV4_DEVICE int rope_offset(int lane) { return 4 * (lane - kLaneGroup / 2); }
+template <int kChunks>
 DSV4_DEVICE bool rope_thread(const RowThread& r) {
-  return r.chunk == kRowChunks - 1 && rope_lane(r.lane);
+  return r.chunk + kChunks == kRowChunks && rope_lane(r.lane);
 }
 
 // An index tensor's element i (int32 or int64).
@@ -69,20 +83,29 @@ DSV4_DEVICE int64_t load_index(const void* p, bool i64, int64_t i) {
 }
 
 // The thread's values of a bf16 row (or weight) and of an fp32 one.
-DSV4_DEVICE void load_bf16_chunk(const uint16_t* row, const RowThread& r, bool vec,
-                                 ChunkValues& v) {
-  uint32_t b[4];
-  store_detail::load_bits(row + lane_dim(r.chunk, r.lane, 0), vec, b);
-  store_detail::bits_to_f32(b, true, v);
+template <int kChunks>
+DSV4_DEVICE void load_bf16_part(const uint16_t* row, const RowThread& r, bool vec,
+                                RowPart<kChunks>& v) {
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    uint32_t b[4];
+    store_detail::load_bits(row + lane_dim(r.chunk + i, r.lane, 0), vec, b);
+    store_detail::bits_to_f32(b, true, v[i]);
+  }
 }
-DSV4_DEVICE void load_f32_chunk(const float* row, const RowThread& r, bool vec, ChunkValues& v) {
-  store_detail::load4(row + lane_dim(r.chunk, r.lane, 0), vec, v);
+template <int kChunks>
+DSV4_DEVICE void load_f32_part(const float* row, const RowThread& r, bool vec,
+                               RowPart<kChunks>& v) {
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i)
+    store_detail::load4(row + lane_dim(r.chunk + i, r.lane, 0), vec, v[i]);
 }
 // The norm weight, bf16 bits (w_bf16) or fp32.
+template <int kChunks>
 DSV4_DEVICE void load_weight(const void* w, bool w_bf16, const RowThread& r, bool vec,
-                             ChunkValues& v) {
-  if (w_bf16) load_bf16_chunk(static_cast<const uint16_t*>(w), r, vec, v);
-  else load_f32_chunk(static_cast<const float*>(w), r, vec, v);
+                             RowPart<kChunks>& v) {
+  if (w_bf16) load_bf16_part(static_cast<const uint16_t*>(w), r, vec, v);
+  else load_f32_part(static_cast<const float*>(w), r, vec, v);
 }
 
 // The (cos, sin) pairs of a rope lane from a 64-float freqs row; identity elsewhere
@@ -97,33 +120,51 @@ DSV4_DEVICE void load_rope_pairs(const float* freqs_row, int lane, bool rotates,
 }
 
 // The sum of squares of a 512-dim row (contract V4.1 1.4) in latent_sumsq's order: each lane's
-// partial over k, the lane group's xor-butterfly (the chunk's sum), then the four chunk sums in
-// chunk order through shared memory. A block barrier: every thread of the block calls it, once
-// per kernel (threads of rows that publish nothing pass zeros).
-DSV4_DEVICE float row_sumsq(const ChunkValues& x, const RowThread& r) {
-  __shared__ float chunk_sums[kRowsPerBlockMax][kRowChunks];
-  float acc = 0.0f;
+// partial over k of each chunk, the lane group's xor-butterfly of each (group_sum's, the
+// chunks' interleaved: the chunk sums), then the four chunk sums in chunk order; with four
+// groups a row through shared memory. kChunks = 1 is a block barrier: every thread of the
+// block calls it, once per kernel (threads of rows that publish nothing pass zeros).
+template <int kChunks>
+DSV4_DEVICE float row_sumsq(const RowPart<kChunks>& x, const RowThread& r) {
+  float s[kChunks];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[k]);
-  const float s = group_sum(acc);
-  if (r.lane == 0) chunk_sums[r.slot][r.chunk] = s;
-  __syncthreads();
-  const float* c = chunk_sums[r.slot];
-  return chunk_sumsq_total(c[0], c[1], c[2], c[3]);
+  for (int i = 0; i < kChunks; ++i) {
+    s[i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s[i] = sumsq_step(s[i], x[i][k]);
+  }
+#pragma unroll
+  for (int m = kLaneGroup / 2; m > 0; m >>= 1)
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) s[i] += shfl_xor(s[i], m);
+  if constexpr (kChunks == kRowChunks) {
+    return chunk_sumsq_total(s[0], s[1], s[2], s[3]);
+  } else {
+    __shared__ float chunk_sums[rows_per_block_max(kChunks)][kRowChunks];
+    if (r.lane == 0) chunk_sums[r.slot][r.chunk] = s[0];
+    __syncthreads();
+    const float* c = chunk_sums[r.slot];
+    return chunk_sumsq_total(c[0], c[1], c[2], c[3]);
+  }
 }
 
 // bf16 values (exact in bf16) stored into a 512-dim bf16 row.
-DSV4_DEVICE void store_bf16_chunk(uint16_t* row, const RowThread& r, bool vec,
-                                  const ChunkValues& v) {
-  store_detail::store_u64(reinterpret_cast<uint8_t*>(row + lane_dim(r.chunk, r.lane, 0)),
-                          bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]), vec);
+template <int kChunks>
+DSV4_DEVICE void store_bf16_part(uint16_t* row, const RowThread& r, bool vec,
+                                 const RowPart<kChunks>& v) {
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i)
+    store_detail::store_u64(reinterpret_cast<uint8_t*>(row + lane_dim(r.chunk + i, r.lane, 0)),
+                            bf16x2_bits(v[i][0], v[i][1]), bf16x2_bits(v[i][2], v[i][3]), vec);
 }
 
 // RoPE of dims 448..511 by the thread's (cos, sin) pairs f; `round_bf16`: each rotated value
 // rounded to bf16 (contract V4.1 1.5).
-DSV4_DEVICE void rope_tail(ChunkValues& t, const float (&f)[4], const RowThread& r,
+template <int kChunks>
+DSV4_DEVICE void rope_tail(RowPart<kChunks>& v, const float (&f)[4], const RowThread& r,
                            bool round_bf16) {
-  if (!rope_thread(r)) return;
+  if (!rope_thread<kChunks>(r)) return;
+  float* t = v[kChunks - 1];
   rope_pair(t[0], t[1], f[0], f[1]);
   rope_pair(t[2], t[3], f[2], f[3]);
   if (round_bf16) {
@@ -143,11 +184,16 @@ DSV4_DEVICE void tile_amaxes(const float (&v)[kChunks][4], float (&am)[kChunks])
 }
 
 // The fp4 fake quant of the fp8-style layouts (contract V4.1 1.6): 16-dim blocks = 4 lanes.
-DSV4_DEVICE void fake_quant_chunk(ChunkValues& v) {
-  const float am = store_detail::subgroup_max<kFakeQuantBlock / 4>(store_detail::abs_max4(v));
-  const TileDivisor s = tile_divisor(fake_quant_scale(am));
+template <int kChunks>
+DSV4_DEVICE void fake_quant(RowPart<kChunks>& v) {
+  float am[kChunks];
+  tile_amaxes<kFakeQuantBlock / 4>(v, am);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) v[k] = fake_quant_value(v[k], s);
+  for (int i = 0; i < kChunks; ++i) {
+    const TileDivisor s = tile_divisor(fake_quant_scale(am[i]));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[i][k] = fake_quant_value(v[i][k], s);
+  }
 }
 
 // Where a token's data and scales go, or false when `loc` writes nothing (negative or past the
@@ -246,48 +292,49 @@ DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chu
   }
 }
 
-// encode_store_chunks of one thread's chunk of a row.
-template <int kEncoding>
-DSV4_DEVICE void encode_store_chunk(const ChunkValues& q, const RowThread& r,
-                                    const RowDestination& d, bool vec_out) {
-  const float c[1][4] = {{q[0], q[1], q[2], q[3]}};
-  encode_store_chunks<kEncoding, 1>(c, r.chunk, r.lane, d, vec_out);
-}
-
 // The cache row of a latent (contract V4.1 1.5 - 1.7): float(latent), the tail rotated by f and
 // rounded to bf16, the fake quant for the fp8-style encodings, then the encoding.
-template <int kEncoding>
-DSV4_DEVICE void store_latent_chunk(ChunkValues& v, const float (&f)[4], const RowThread& r,
-                                    const RowDestination& d, bool vec_out) {
+template <int kEncoding, int kChunks>
+DSV4_DEVICE void store_latent_part(RowPart<kChunks>& v, const float (&f)[4], const RowThread& r,
+                                   const RowDestination& d, bool vec_out) {
   rope_tail(v, f, r, true);
-  if constexpr (layout_fake_quantises(kEncoding)) fake_quant_chunk(v);
-  encode_store_chunk<kEncoding>(v, r, d, vec_out);
+  if constexpr (layout_fake_quantises(kEncoding)) fake_quant(v);
+  encode_store_chunks<kEncoding, kChunks>(v, r.chunk, r.lane, d, vec_out);
 }
 
-// A thread's part of a ratio-2 input / state row (kv | score, 1024 fp32): kv[k] is
-// row[lane_dim(chunk, lane, k)], score[k] is row[512 + lane_dim(chunk, lane, k)].
-struct PairChunk {
-  ChunkValues kv;
-  ChunkValues score;
+// A thread's part of a ratio-2 input / state row (kv | score, 1024 fp32): kv[i][k] is
+// row[lane_dim(chunk + i, lane, k)], score[i][k] is row[512 + lane_dim(chunk + i, lane, k)].
+template <int kChunks>
+struct PairPart {
+  RowPart<kChunks> kv;
+  RowPart<kChunks> score;
 };
-DSV4_DEVICE void load_pair_chunk(const float* row, const RowThread& r, bool vec, PairChunk& p) {
-  load_f32_chunk(row, r, vec, p.kv);
-  load_f32_chunk(row + kLowRatioHeadDim, r, vec, p.score);
+template <int kChunks>
+DSV4_DEVICE void load_pair_part(const float* row, const RowThread& r, bool vec,
+                                PairPart<kChunks>& p) {
+  load_f32_part(row, r, vec, p.kv);
+  load_f32_part(row + kLowRatioHeadDim, r, vec, p.score);
 }
 // Bitwise copy of a pair row's values (as loaded) into a state row.
-DSV4_DEVICE void store_pair_chunk(float* row, const RowThread& r, bool vec, const PairChunk& p) {
-  float* kv = row + lane_dim(r.chunk, r.lane, 0);
-  float* sc = kv + kLowRatioHeadDim;
-  if (vec) {
-    *reinterpret_cast<uint4*>(kv) = make_uint4(f32_bits(p.kv[0]), f32_bits(p.kv[1]),
-                                               f32_bits(p.kv[2]), f32_bits(p.kv[3]));
-    *reinterpret_cast<uint4*>(sc) = make_uint4(f32_bits(p.score[0]), f32_bits(p.score[1]),
-                                               f32_bits(p.score[2]), f32_bits(p.score[3]));
-  } else {
+template <int kChunks>
+DSV4_DEVICE void store_pair_part(float* row, const RowThread& r, bool vec,
+                                 const PairPart<kChunks>& p) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      kv[k] = p.kv[k];
-      sc[k] = p.score[k];
+  for (int i = 0; i < kChunks; ++i) {
+    float* kv = row + lane_dim(r.chunk + i, r.lane, 0);
+    float* sc = kv + kLowRatioHeadDim;
+    if (vec) {
+      *reinterpret_cast<uint4*>(kv) = make_uint4(f32_bits(p.kv[i][0]), f32_bits(p.kv[i][1]),
+                                                 f32_bits(p.kv[i][2]), f32_bits(p.kv[i][3]));
+      *reinterpret_cast<uint4*>(sc) =
+          make_uint4(f32_bits(p.score[i][0]), f32_bits(p.score[i][1]), f32_bits(p.score[i][2]),
+                     f32_bits(p.score[i][3]));
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        kv[k] = p.kv[i][k];
+        sc[k] = p.score[i][k];
+      }
     }
   }
 }
@@ -321,9 +368,11 @@ struct PairInputs {
     return slot < state_rows ? state + slot * kPairRowWidth : nullptr;
   }
   // An input row's values, bitwise, to state[slot(r, p)] (nothing outside the state).
-  DSV4_DEVICE void park(int64_t r, int64_t p, const RowThread& th, const PairChunk& values) const {
+  template <int kChunks>
+  DSV4_DEVICE void park(int64_t r, int64_t p, const RowThread& th,
+                        const PairPart<kChunks>& values) const {
     float* dst = ring_row(r, p);
-    if (dst != nullptr) store_pair_chunk(dst, th, vec_state, values);
+    if (dst != nullptr) store_pair_part(dst, th, vec_state, values);
   }
 };
 
@@ -350,56 +399,64 @@ struct LatentOutputs {
 // A thread's inputs of a latent row: x (the RMSNorm input), the weights w, the RoPE pairs f
 // and whether the RoPE position lies inside freqs (`rope_ok`; else no cache row). Zeros for a
 // row that publishes nothing (it still takes part in row_sumsq's barrier).
+template <int kChunks>
 struct LatentInputs {
-  ChunkValues x = {0.0f, 0.0f, 0.0f, 0.0f};
-  ChunkValues w;
+  RowPart<kChunks> x = {};
+  RowPart<kChunks> w;
   float f[4];
   bool rope_ok = false;
 };
 
 // The weights and the (cos, sin) pairs of RoPE position p, loaded with the row's other inputs
 // (the pairs only when p is inside freqs).
+template <int kChunks>
 DSV4_DEVICE void load_latent_params(const LatentOutputs& o, int64_t p, const RowThread& r,
-                                    LatentInputs& in) {
+                                    LatentInputs<kChunks>& in) {
   load_weight(o.norm_weight, o.w_bf16, r, o.vec_w, in.w);
   in.rope_ok = p >= 0 && p < o.max_pos;
   load_rope_pairs(o.freqs + (in.rope_ok ? p : 0) * kRopeDim, r.lane,
-                  in.rope_ok && rope_thread(r), o.vec_freqs, in.f);
+                  in.rope_ok && rope_thread<kChunks>(r), o.vec_freqs, in.f);
 }
 
 // Row r.row's latent (contract V4.1 1.4: bf16(x * inv * w)) when `publishes`, then its cache row
 // at `loc` where loc > 0, the page lies in the cache and the RoPE position inside freqs
 // (contract V4.1 2.3, 2.4). Every thread of the block calls it (row_sumsq); `publishes` is
 // uniform over a row.
-template <int kEncoding>
+template <int kEncoding, int kChunks>
 DSV4_DEVICE void publish_latent(const LatentOutputs& o, const RowThread& r, bool publishes,
-                                const LatentInputs& in, int64_t loc) {
+                                const LatentInputs<kChunks>& in, int64_t loc) {
   const float inv = rms_inv(row_sumsq(in.x, r), kLowRatioHeadDim, o.eps);
   if (!publishes) return;
-  ChunkValues lat;
+  RowPart<kChunks> lat;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) lat[k] = round_to_bf16(norm_value(in.x[k], inv, in.w[k]));
-  store_bf16_chunk(o.latent + r.row * kLowRatioHeadDim, r, o.vec_latent, lat);
+  for (int i = 0; i < kChunks; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      lat[i][k] = round_to_bf16(norm_value(in.x[i][k], inv, in.w[i][k]));
+  store_bf16_part(o.latent + r.row * kLowRatioHeadDim, r, o.vec_latent, lat);
   if (loc <= 0 || !in.rope_ok) return;
   RowDestination d;
   if (!row_destination(o.cache, loc, o.layout, o.log2_page_size, o.page_size, o.num_pages,
                        o.page_bytes, &d))
     return;
-  store_latent_chunk<kEncoding>(lat, in.f, r, d, o.vec_out);
+  store_latent_part<kEncoding>(lat, in.f, r, d, o.vec_out);
 }
 
 // The inputs of the odd row of a ratio-2 pair (its own values `own`, its partner row at
 // `partner_row`, RoPE at pos - 1; contract V4.1 1.2, 1.4): x = bf16(pair_pool(partner, own)).
+template <int kChunks>
 DSV4_DEVICE void load_pooled_inputs(const LatentOutputs& o, const RowThread& r,
-                                    const PairChunk& own, const float* partner_row,
-                                    bool vec_partner, int64_t pos, LatentInputs& in) {
-  PairChunk partner;
-  load_pair_chunk(partner_row, r, vec_partner, partner);
+                                    const PairPart<kChunks>& own, const float* partner_row,
+                                    bool vec_partner, int64_t pos, LatentInputs<kChunks>& in) {
+  PairPart<kChunks> partner;
+  load_pair_part(partner_row, r, vec_partner, partner);
   load_latent_params(o, pos - 1, r, in);
 #pragma unroll
-  for (int k = 0; k < 4; ++k)
-    in.x[k] =
-        round_to_bf16(pair_pool(partner.kv[k], partner.score[k], own.kv[k], own.score[k]));
+  for (int i = 0; i < kChunks; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      in.x[i][k] = round_to_bf16(
+          pair_pool(partner.kv[i][k], partner.score[i][k], own.kv[i][k], own.score[i][k]));
 }
 
 }  // namespace low_ratio
