@@ -7,6 +7,9 @@ Environment:
     DSV4_OPS_CPU_ONLY=1        build the CPU kernels only, even with a CUDA/ROCm torch
     DSV4_OPS_FORCE_GPU=1       build the GPU kernels even where no GPU toolkit is detected
     DSV4_OPS_TEST_HOOKS=1      a test build: the GPU kernels' test hooks (see below)
+    DSV4_OPS_GPU_DEFINES       space-separated NAME=VALUE macros for the GPU compiler: the
+                               kernels' tuning knobs, for A/B builds (e.g.
+                               "DSV4_LR_WIDE_ROWS_MIN=0", docs/design/low_ratio.md)
     TORCH_CUDA_ARCH_LIST       CUDA targets (default "8.0;9.0;10.0")
     PYTORCH_ROCM_ARCH          ROCm targets (default "gfx90a;gfx942")
     MAX_JOBS                   parallel compile jobs
@@ -62,6 +65,7 @@ def extensions():
     # build's kernels do not have it, and its glue refuses DSV4_OPS_TEST_STALE_PLAN=1.
     if _flag("DSV4_OPS_TEST_HOOKS"):
         gpu_flags.append("-DDSV4_TEST_HOOKS")
+    gpu_flags += ["-D" + d for d in os.environ.get("DSV4_OPS_GPU_DEFINES", "").split()]
     return [cpp_extension.CUDAExtension(
         "dsv4_ops._C", sources, include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx, "nvcc": gpu_flags},
