@@ -83,8 +83,8 @@ inline void check_no_overlap_rows(const at::Tensor& written, const char* written
   const int64_t r0 = int64_t(reinterpret_cast<uintptr_t>(rows.data_ptr()));
   const int64_t len = rows.size(1) * int64_t(rows.element_size());
   const int64_t pitch = row_stride_of(rows) * int64_t(rows.element_size());
-  // The first row that ends after a0 is the only one that can start before a1 and not be
-  // past it.
+  // Rows lie at rising addresses: the first one that ends after a0 overlaps [a0, a1) iff it
+  // starts before a1.
   const int64_t i = a0 - r0 - len < 0 ? 0 : (a0 - r0 - len) / pitch + 1;
   DSV4_CHECK(!(i < rows.size(0) && r0 + i * pitch < a1), op, written_arg,
              "must not share memory with ", rows_arg);

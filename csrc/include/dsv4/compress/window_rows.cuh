@@ -63,6 +63,11 @@ DSV4_DEVICE void load_rows_from(const bool (&on)[U], const T* const (&p)[U], int
 // offset as an immediate; the kv values sit there, the scores sc_off elements further. (Input
 // rows are kv_score_input's row stride apart, state rows their width: the callers step ib[u]
 // by the difference.)
+//   TS == TI: one predicated load pair per row (no select where fi is a compile-time false,
+//   as in decode windows).
+//   Mixed dtypes: the input rows, then the state rows behind a branch that a thread takes
+//   only if it has state rows (decode windows: state rows only, known from fi). Holding
+//   both raw sets at once spilled the cr = 128 kernel.
 template <typename TS, typename TI, int U, int V>
 DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* const (&sb)[U],
                            const TI* const (&ib)[U], const int64_t (&off)[U], int64_t sc_off,
