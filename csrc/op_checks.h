@@ -36,6 +36,21 @@ inline void check_contiguous(const at::Tensor& t, const char* op, const char* ar
   DSV4_CHECK(t.is_contiguous(), op, arg, "must be contiguous (got strides ", t.strides(), ")");
 }
 
+// A 2-D tensor of rows, each contiguous, any stride apart that keeps them from overlapping (a
+// column slice of a wider tensor, or a padded row pitch).
+inline void check_strided_rows(const at::Tensor& t, const char* op, const char* arg) {
+  DSV4_CHECK(t.size(1) <= 1 || t.stride(1) == 1, op, arg,
+             "must have contiguous rows (column stride 1), got strides ", t.strides());
+  DSV4_CHECK(t.size(0) <= 1 || t.stride(0) >= t.size(1), op, arg,
+             "must have a row stride of at least its row width ", t.size(1),
+             " (rows must not overlap), got strides ", t.strides());
+}
+
+// Elements from one row of such a tensor to the next (a single row: its width).
+inline int64_t row_stride_of(const at::Tensor& t) {
+  return t.size(0) > 1 ? t.stride(0) : t.size(1);
+}
+
 inline void check_device(const at::Tensor& t, const at::Device& dev, const char* op,
                          const char* arg) {
   DSV4_CHECK(t.device() == dev, op, arg, "must be on ", dev, ", got ", t.device());
@@ -56,6 +71,23 @@ inline void check_no_overlap(const at::Tensor& written, const char* written_arg,
   const at::MemOverlapStatus s = at::get_overlap_status(written, other);
   DSV4_CHECK(s != at::MemOverlapStatus::Full && s != at::MemOverlapStatus::Partial, op,
              written_arg, "must not share memory with ", other_arg);
+}
+
+// The same where `other` is a 2-D tensor of strided rows (check_strided_rows): only its rows'
+// bytes count, not the gaps between them. `written` is contiguous.
+inline void check_no_overlap_rows(const at::Tensor& written, const char* written_arg,
+                                  const at::Tensor& rows, const char* rows_arg, const char* op) {
+  if (written.numel() == 0 || rows.numel() == 0) return;
+  const int64_t a0 = int64_t(reinterpret_cast<uintptr_t>(written.data_ptr()));
+  const int64_t a1 = a0 + written.numel() * int64_t(written.element_size());
+  const int64_t r0 = int64_t(reinterpret_cast<uintptr_t>(rows.data_ptr()));
+  const int64_t len = rows.size(1) * int64_t(rows.element_size());
+  const int64_t pitch = row_stride_of(rows) * int64_t(rows.element_size());
+  // Rows lie at rising addresses: the first one that ends after a0 overlaps [a0, a1) iff it
+  // starts before a1.
+  const int64_t i = a0 - r0 - len < 0 ? 0 : (a0 - r0 - len) / pitch + 1;
+  DSV4_CHECK(!(i < rows.size(0) && r0 + i * pitch < a1), op, written_arg,
+             "must not share memory with ", rows_arg);
 }
 
 inline void check_ratio(int64_t cr, const char* op) {

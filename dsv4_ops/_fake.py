@@ -33,6 +33,20 @@ def _contiguous(t, op, arg) -> None:
     _check(t.is_contiguous(), op, arg, lambda: f"must be contiguous (got strides {t.stride()})")
 
 
+def _strided_rows(t, op, arg) -> None:
+    """csrc/op_checks.h check_strided_rows: contiguous rows, any row stride that keeps them
+    from overlapping."""
+    _check(t.shape[1] <= 1 or t.stride(1) == 1, op, arg,
+           lambda: f"must have contiguous rows (column stride 1), got strides {t.stride()}")
+    _check(t.shape[0] <= 1 or t.stride(0) >= t.shape[1], op, arg,
+           lambda: f"must have a row stride of at least its row width {t.shape[1]} (rows must "
+                   f"not overlap), got strides {t.stride()}")
+
+
+def _row_stride(t) -> int:
+    return t.stride(0) if t.shape[0] > 1 else t.shape[1]
+
+
 def _device(t, dev, op, arg) -> None:
     _check(t.device == dev, op, arg, lambda: f"must be on {dev}, got {t.device}")
 
@@ -209,7 +223,12 @@ def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compres
     _dim(kv_score_input, op, "kv_score_input", 2)
     _check(kv_score_input.shape[1] == in_row, op, "kv_score_input",
            lambda: f"must have {in_row} columns, got shape {list(kv_score_input.shape)}")
-    _contiguous(kv_score_input, op, "kv_score_input")
+    _strided_rows(kv_score_input, op, "kv_score_input")
+    if kv_score_buffer.device.type == "cuda":  # check_gpu_alignment (the rest needs addresses)
+        _check(_row_stride(kv_score_input) % 4 == 0, op, "kv_score_input",
+               lambda: f"must have a row stride that is a multiple of 4 elements on the GPU "
+                       f"(every row must start on the vector boundary), got strides "
+                       f"{kv_score_input.stride()}")
     win = _window(cr)
     _dtype(ape, op, "ape", torch.float32, torch.bfloat16, torch.float16)
     _dim(ape, op, "ape", 2)

@@ -53,7 +53,7 @@ inline CallShape check_compress_forward(const at::Tensor& kv_score_buffer,
   check_dim(kv_score_input, kOp, "kv_score_input", 2);
   DSV4_CHECK(kv_score_input.size(1) == in_row, kOp, "kv_score_input", "must have ", in_row,
              " columns (", cr == 4 ? "4" : "2", "*head_dim), got shape ", kv_score_input.sizes());
-  check_contiguous(kv_score_input, kOp, "kv_score_input");
+  check_strided_rows(kv_score_input, kOp, "kv_score_input");
 
   const int win = window_of(cr);
   check_dtype(ape, kOp, "ape", {at::kFloat, at::kBFloat16, at::kHalf});
@@ -89,14 +89,16 @@ inline CallShape check_compress_forward(const at::Tensor& kv_score_buffer,
   check_no_grad(out, kOp, "out");
   // The op writes out and the state buffer while it reads the others.
   check_no_overlap(out, "out", kv_score_buffer, "kv_score_buffer", kOp);
-  check_no_overlap(out, "out", kv_score_input, "kv_score_input", kOp);
+  check_no_overlap_rows(out, "out", kv_score_input, "kv_score_input", kOp);
   check_no_overlap(out, "out", ape, "ape", kOp);
-  check_no_overlap(kv_score_buffer, "kv_score_buffer", kv_score_input, "kv_score_input", kOp);
+  check_no_overlap_rows(kv_score_buffer, "kv_score_buffer", kv_score_input, "kv_score_input",
+                        kOp);
   check_no_overlap(kv_score_buffer, "kv_score_buffer", ape, "ape", kOp);
   return CallShape{decode, is_online, cr, hd};
 }
 
-// GPU kernels use 16-byte (fp32) / 8-byte (bf16, fp16) vector accesses.
+// GPU kernels use 16-byte (fp32) / 8-byte (bf16, fp16) vector accesses (kVec elements), also
+// at every kv_score_input row.
 inline void check_vector_aligned(const at::Tensor& t, const char* arg) {
   const int64_t bytes = 4 * t.element_size();
   DSV4_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % uintptr_t(bytes) == 0, kOp, arg,
@@ -109,6 +111,10 @@ inline void check_gpu_alignment(const at::Tensor& kv_score_buffer,
                                 const at::Tensor& out) {
   check_vector_aligned(kv_score_buffer, "kv_score_buffer");
   check_vector_aligned(kv_score_input, "kv_score_input");
+  DSV4_CHECK(row_stride_of(kv_score_input) % kVec == 0, kOp, "kv_score_input",
+             "must have a row stride that is a multiple of ", kVec,
+             " elements on the GPU (every row must start on the vector boundary), got strides ",
+             kv_score_input.strides());
   check_vector_aligned(ape, "ape");
   check_vector_aligned(out, "out");
   DSV4_CHECK(reinterpret_cast<uintptr_t>(plan.data_ptr()) % 16 == 0, kOp, "plan",
@@ -136,6 +142,7 @@ inline Params make_params(const CallShape& cs, const at::Tensor& kv_score_buffer
   p.out = out.data_ptr();
   p.num_state_rows = kv_score_buffer.numel() / state_row_elems(cs.cr, cs.hd, cs.online);
   p.num_in_rows = kv_score_input.size(0);
+  p.in_row_stride = row_stride_of(kv_score_input);
   p.num_records = 0;
   p.num_out_rows = out.size(0);
   p.hd = cs.hd;

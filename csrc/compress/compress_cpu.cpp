@@ -28,13 +28,15 @@ struct Ctx {
   const TI* in;
   int64_t st_row;  // elements per state row
   int64_t in_row;  // elements per input row
+  int64_t in_stride;  // elements from one input row to the next
   std::vector<float> ape;  // [win, hd] as fp32
 };
 
 template <typename TS, typename TI>
 Ctx<TS, TI> make_ctx(const Params& p, bool online) {
   Ctx<TS, TI> c{p, static_cast<TS*>(p.state), static_cast<const TI*>(p.input),
-                state_row_elems(p.cr, p.hd, online), input_row_elems(p.cr, p.hd), {}};
+                state_row_elems(p.cr, p.hd, online), input_row_elems(p.cr, p.hd),
+                p.in_row_stride, {}};
   const int64_t n = int64_t(window_of(p.cr)) * p.hd;
   c.ape.resize(size_t(n));
   for (int64_t i = 0; i < n; ++i) c.ape[size_t(i)] = load_ape(p.ape, p.ape_type, i);
@@ -71,7 +73,8 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
         every[u] = true;
         soff[u] = score_offset(cr, hd, r) - kv_offset(cr, hd, r);
         skv[u] = s.kind == kFromState ? c.st + s.index * c.st_row + kv_offset(cr, hd, r) : nullptr;
-        ikv[u] = s.kind == kFromInput ? c.in + s.index * c.in_row + kv_offset(cr, hd, r) : nullptr;
+        ikv[u] =
+            s.kind == kFromInput ? c.in + s.index * c.in_stride + kv_offset(cr, hd, r) : nullptr;
       }
       for (int ch = 0; ch < hd; ++ch) {
         float z[kChunk], kv[kChunk];
@@ -98,7 +101,7 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
 template <typename TS, typename TI>
 void copy_row(const Ctx<TS, TI>& c, int64_t src, int64_t dst) {
   if (src < 0 || src >= c.p.num_in_rows || dst < 0 || dst >= c.p.num_state_rows) return;
-  const TI* s = c.in + src * c.in_row;
+  const TI* s = c.in + src * c.in_stride;
   TS* d = c.st + dst * c.st_row;
   for (int64_t i = 0; i < c.in_row; ++i) store_from_f32(d, i, load_as_f32(s, i));
 }
@@ -211,7 +214,7 @@ void online_decode(const Ctx<TS, TI>& c) {
         float res = 0.0f;
         if (active) {
           SoftmaxState s = q == 0 ? softmax_empty() : load_online(c, rec.read_page_0, ch);
-          const TI* row = c.in + b * c.in_row;
+          const TI* row = c.in + b * c.in_stride;
           const float kv[1] = {load_as_f32(row, ch)};
           const float z[1] = {load_as_f32(row, hd + ch) + c.ape[size_t(q * hd + ch)]};
           const bool present[1] = {true};

@@ -407,6 +407,7 @@ struct Params {
   void* out;            // [N, hd] out_type (nullptr: this pass writes no output)
   int64_t num_state_rows;  // flat rows of the state buffer
   int64_t num_in_rows;     // rows of kv_score_input
+  int64_t in_row_stride;   // elements from one kv_score_input row to the next (>= its width)
   int64_t num_records;     // records of this pass
   int64_t num_out_rows;    // rows of out
   int32_t hd;

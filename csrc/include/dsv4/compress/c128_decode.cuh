@@ -121,7 +121,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS)
     c128_decode_kernel(const Params p) {
   constexpr int V = kC128Vec;
   alignas(16) __shared__ C128Parts parts[2];  // double-buffered (see above)
-  constexpr int64_t kRow = 2 * int64_t(kHd);  // input and state rows
+  constexpr int64_t kRow = 2 * int64_t(kHd);  // state rows (and input row width)
   using RawIn = typename RawVec<TI, V>::type;
 
   pdl_wait();
@@ -140,7 +140,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS)
     // record (the address does not depend on it), first thing: a step that closes no window
     // costs this one round trip, and every instruction before it adds to that.
     const bool has = t < kC128CopyLanes && e0 < p.num_in_rows;
-    const RawIn cv = load_raw_if<TI, V, false>(has, in + e0 * kRow + copy_at, RawIn{});
+    const RawIn cv =
+        load_raw_if<TI, V, false>(has, in + e0 * p.in_row_stride + copy_at, RawIn{});
     const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[e0];
     const int64_t wl = rec.write_loc;
     if (has && wl >= 0 && wl < p.num_state_rows) {
@@ -165,7 +166,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC128Block, DSV4_C128_MIN_BLOCKS)
   __shared__ ScanCounts group_closing;
   const auto copy_row = [&](int k) {
     const int64_t e = e0 + k * stride;
-    return k < nrec && e < p.num_records && e < p.num_in_rows ? in + e * kRow + copy_at : nullptr;
+    return k < nrec && e < p.num_records && e < p.num_in_rows ? in + e * p.in_row_stride + copy_at
+                                                              : nullptr;
   };
   const auto copy_to = [&](int k, RawIn v) {
     if (copy_row(k) == nullptr) return;

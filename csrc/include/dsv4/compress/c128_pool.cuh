@@ -64,15 +64,17 @@ using C128Parts = float[3][kC128RowGroups][kC128Ch];
 
 // Thread (g, lane)'s window rows U*g .. U*g+U-1 of record e at channels c .. c+V-1, and their
 // ape rows: logits z (score + ape) and kv. Row r = U*g + u: input row in_base + r, or row r of
-// page1, both at offset u * kInRow from their base (online windows have no state rows, whose
-// stride differs). A closing cr = 128 decode window spans rows [0, 128) of page1 (seq_len >=
-// 128), so past the empty-window exit every decode row is present: a state row, except the one
-// the step writes (new_row), which is read from its input row as the copy stores it (no block
-// waits for a copy, its own or another block's). Mixed dtypes: with the wider state type (fp32
-// state, bf16 input) through load_rows_either, else (bf16 state, fp32 input) as one extra load
-// pair of the warp that holds it (g is warp-uniform). Each is the form that kept its instance
-// fast: the extra pair spilled the former in the grouped loop (ptxas -v), and load_rows_either
-// made the latter slower (docs/design/c128_pooling.md).
+// page1, both at offset u * kInRow from their base (the input base steps by the input's row
+// stride less kInRow; online windows have no state rows, whose stride differs). A closing
+// cr = 128 decode window spans rows [0, 128) of page1 (seq_len >= 128), so past the
+// empty-window exit every decode row is present: a state row, except the one the step writes
+// (new_row), which is read from its input row as the copy stores it (no block waits for a
+// copy, its own or another block's); the input base is then the one that row's offset reaches.
+// Mixed dtypes: with the wider state type (fp32 state, bf16 input) through load_rows_either,
+// else (bf16 state, fp32 input) as one extra load pair of the warp that holds it (g is
+// warp-uniform). Each is the form that kept its instance fast: the extra pair spilled the
+// former in the grouped loop (ptxas -v), and load_rows_either made the latter slower
+// (docs/design/c128_pooling.md).
 template <typename TS, typename TI, int kMode, int kHd>
 DSV4_DEVICE void c128_load_window(const Params& p, int64_t e, int c, const WindowRows& w,
                                   int32_t new_row, float (&z)[kC128Rows][kC128Vec],
@@ -89,11 +91,14 @@ DSV4_DEVICE void c128_load_window(const Params& p, int64_t e, int c, const Windo
   constexpr bool kSameType = std::is_same<TS, TI>::value;
   constexpr bool kEither = kDecode && !kSameType && sizeof(TS) > sizeof(TI);
   constexpr bool kNewPair = kDecode && !kSameType && !kEither;
-  const int32_t in_base = kDecode ? int32_t(e) - new_row : w.in_base;
-  const TI* in_g = in + ((int64_t(in_base) + g * U) * kInRow + c);
+  const int64_t in_stride = p.in_row_stride;
+  const int64_t in_step = kDecode ? 0 : in_stride - kInRow;
+  const TI* in_g = kDecode ? in + (e * in_stride - int64_t(new_row - g * U) * kInRow + c)
+                           : in + ((int64_t(w.in_base) + g * U) * in_stride + c);
   const TS* st_g = st + ((int64_t(w.page1_ok ? w.page1 : 0) * 128 + g * U) * kStRow + c);
   bool fs[U], fi[U];
   const TS* sb[U];
+  const TI* ib[U];
   int64_t off[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -101,19 +106,20 @@ DSV4_DEVICE void c128_load_window(const Params& p, int64_t e, int c, const Windo
     fs[u] = kDecode ? g * U + u != new_row
                     : kMode == kModePrefill && row_from_state(w, 128, g * U + u);
     sb[u] = st_g;
+    ib[u] = in_g + u * in_step;
     off[u] = u * kInRow;
   }
   const bool new_here = kNewPair && new_row >= 0 && new_row / U == g;
   RawIn new_kv{}, new_sc{};
   if constexpr (kNewPair) {
-    const TI* r = in + e * kInRow + c;
+    const TI* r = in + e * in_stride + c;
     new_kv = load_raw_if<TI, V>(new_here, r, RawIn{});
     new_sc = load_raw_if<TI, V>(new_here, r + kHd, RawIn{});
   }
   if constexpr (kEither)
     load_rows_either<TS, TI>(fs, fi, st_g, in_g, off, kHd, kv, z);
   else
-    load_rows(fs, fi, sb, in_g, off, kHd, kv, z);
+    load_rows(fs, fi, sb, ib, off, kHd, kv, z);
   float a[U][V];
   load_ape_rows<U, V, kHd, kDecode>(p.ape, p.ape_type, int64_t(g * U) * kHd + c, a);
   if (new_here) {  // (after the ape loads are issued: this waits for the loads)

@@ -28,7 +28,7 @@ template <typename TS, typename TI, bool kDecode, int kHd>
 DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressPlan* recs) {
   constexpr int V = kVec;
   constexpr int kLanes = kHd / V;  // threads of one event: 32 (hd 128) / 128 (hd 512)
-  constexpr int64_t kRow = 4 * int64_t(kHd);  // input and state rows
+  constexpr int64_t kRow = 4 * int64_t(kHd);  // state rows (and input row width)
   const int t = int(threadIdx.x);
   const int64_t e = group * (kC4Block / kLanes) + t / kLanes;
   const int c = (t % kLanes) * V;
@@ -46,7 +46,8 @@ DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressP
     const bool has_row = active && e < p.num_in_rows;
 #pragma unroll
     for (int q = 0; q < 4; ++q)
-      cpr[q] = load_raw_if<TI, V, false>(has_row, in + e * kRow + q * kHd + c, RawIn{});
+      cpr[q] = load_raw_if<TI, V, false>(has_row, in + e * p.in_row_stride + q * kHd + c,
+                                         RawIn{});
   }
 
   WindowDesc d{0, -1, -1, 0, 0, 0};
@@ -86,23 +87,27 @@ DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressP
 
   // Row r: input row in_base + r, or slot r & 3 of page0 (r < 4) / page1 (r >= 4). Both
   // sources hold row r at the same constant offset r * kRow + kv_offset from their base (the
-  // page1 base is taken one page early), so a row's source is a select of two bases.
-  const TI* in_b = in + (int64_t(w.in_base) * kRow + c);
+  // page1 base is taken one page early; the input base steps by the input's row stride less
+  // kRow), so a row's source is a select of two bases.
+  const int64_t in_step = p.in_row_stride - kRow;
+  const TI* in_b = in + (int64_t(w.in_base) * p.in_row_stride + c);
   const TS* st_b0 = st + (int64_t(w.page0_ok ? w.page0 : 0) * (4 * kRow) + c);
   const TS* st_b1 = st + ((int64_t(w.page1_ok ? w.page1 : 1) - 1) * (4 * kRow) + c);
   bool fs[8], fi[8];
   const TS* sb[8];
+  const TI* ib[8];
   int64_t off[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
     fs[r] = row_from_state(w, 4, r);
     fi[r] = !kDecode && row_from_input(w, r);  // decode windows are all state rows
     sb[r] = r < 4 ? st_b0 : st_b1;
+    ib[r] = in_b + r * in_step;
     off[r] = r * kRow + kv_offset(4, kHd, r);
   }
   // Scores sit 2 * hd after their kv values in both halves (score_ovl / score, docs/contract.md 1.1).
   float z[8][V], kv[8][V];
-  load_rows(fs, fi, sb, in_b, off, 2 * kHd, kv, z);
+  load_rows(fs, fi, sb, ib, off, 2 * kHd, kv, z);
   float a[8][V];
   load_ape_rows<8, V, kHd>(p.ape, p.ape_type, c, a);
   add_ape(a, z);

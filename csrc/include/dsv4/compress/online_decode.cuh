@@ -29,7 +29,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
 
   TS* st = static_cast<TS*>(p.state);
   const TI* in = static_cast<const TI*>(p.input);
-  const int64_t in_row = 2 * int64_t(hd), st_row = 3 * int64_t(hd);
+  const int64_t st_row = 3 * int64_t(hd);
   const DecodePlan rec = reinterpret_cast<const DecodePlan*>(p.plan)[b];
   float res[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (online_decode_active(rec) && b < p.num_in_rows) {
@@ -48,8 +48,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
       for (int j = 0; j < 4; ++j) s[j] = from_online(m[j], S[j], K[j]);
     }
     float kv[1][4], z[1][4], a[1][4];
-    load_vec(in + b * in_row + c, kv[0]);
-    load_vec(in + b * in_row + hd + c, z[0]);
+    load_vec(in + b * p.in_row_stride + c, kv[0]);
+    load_vec(in + b * p.in_row_stride + hd + c, z[0]);
     load_ape_rows<1, kVec, 0>(p.ape, p.ape_type, int64_t(q) * hd + c, a);  // one row: no stride
     add_ape(a, z);
     const bool present[1] = {true};

@@ -59,8 +59,10 @@ DSV4_DEVICE void load_rows_from(const bool (&on)[U], const T* const (&p)[U], int
 // U window rows of one thread, unpacked to fp32: row u is a state row (fs[u]), an input row
 // (fi[u]) or absent (kv 0, score kAbsentScore). Both sources hold row u at the same offset
 // off[u] (compile-time constants after unrolling) from their base, sb[u] for the state and
-// ib for the input, so that a row's source is a select of two bases and its loads take the
-// offset as an immediate; the kv values sit there, the scores sc_off elements further.
+// ib[u] for the input, so that a row's source is a select of two bases and its loads take the
+// offset as an immediate; the kv values sit there, the scores sc_off elements further. (Input
+// rows are kv_score_input's row stride apart, state rows their width: the callers step ib[u]
+// by the difference.)
 //   TS == TI: one predicated load pair per row (no select where fi is a compile-time false,
 //   as in decode windows).
 //   Mixed dtypes: the input rows, then the state rows behind a branch that a thread takes
@@ -68,7 +70,7 @@ DSV4_DEVICE void load_rows_from(const bool (&on)[U], const T* const (&p)[U], int
 //   both raw sets at once spilled the cr = 128 kernel.
 template <typename TS, typename TI, int U, int V>
 DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* const (&sb)[U],
-                           const TI* ib, const int64_t (&off)[U], int64_t sc_off,
+                           const TI* const (&ib)[U], const int64_t (&off)[U], int64_t sc_off,
                            float (&kv)[U][V], float (&z)[U][V]) {
   if constexpr (std::is_same<TS, TI>::value) {
     bool on[U];
@@ -76,7 +78,7 @@ DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* c
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       on[u] = fs[u] || fi[u];
-      q[u] = (fi[u] ? ib : sb[u]) + off[u];
+      q[u] = (fi[u] ? ib[u] : sb[u]) + off[u];
     }
     load_rows_from<false>(on, q, sc_off, kv, z);
   } else {
@@ -88,7 +90,7 @@ DSV4_DEVICE void load_rows(const bool (&fs)[U], const bool (&fi)[U], const TS* c
       any_s = any_s || fs[u];
       any_i = any_i || fi[u];
       sp[u] = sb[u] + off[u];
-      ip[u] = ib + off[u];
+      ip[u] = ib[u] + off[u];
     }
     if (!any_i) {
       load_rows_from<false>(fs, sp, sc_off, kv, z);

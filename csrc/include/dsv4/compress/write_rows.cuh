@@ -40,7 +40,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p
     const WritePlan w = plan[k];
     const int64_t src = int64_t(w.ragged_id), dst = w.write_loc;
     if (!is_valid(w) || src >= p.num_in_rows || dst < 0 || dst >= p.num_state_rows) continue;
-    const TI* from = in + src * kRow + lane * kVec;
+    const TI* from = in + src * p.in_row_stride + lane * kVec;
     TS* to = st + dst * kRow + lane * kVec;
     float x[kPerLane][kVec];
 #pragma unroll
