@@ -325,7 +325,7 @@ def rsqrt_table(dev) -> Dict[str, np.ndarray]:
 def _select(res: Dict[str, Any], max_bytes: int, seed: int) -> np.ndarray:
     a = res["arrays"]
     n = a["kv"].shape[0]
-    per = a["kv"][0].nbytes + 2 * (576 + 8) + 24
+    per = a["kv"].shape[1] * 4 + 2 * (576 + 8) + 24
     cap = max(1, (max_bytes - a["freqs"].nbytes) // per)
     if n <= cap:
         return np.arange(n)
