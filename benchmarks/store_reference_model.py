@@ -5,9 +5,9 @@ arithmetics, and the comparison of their cache bytes (docs/design/store_referenc
 * `reference`: the reference engine's kernel (fused_norm_rope_flashmla, read from its SASS): one
   thread per dim pair (x0*x0, then fma(x1, x1, .)), the 32-lane xor tree of each warp, the
   8-warp xor tree (`block` order); rsqrtf, i.e. the MUFU.RSQ approximation.
-* `ours`: dsv4_ops (store_math.h): the same `block` order; 1.0f / sqrtf. Its earlier order,
-  `lane` (16 fused multiply-adds per lane of the lane layout over (j, k), then the 32-lane xor
-  tree), stays here for comparison.
+* `ours`: dsv4_ops (store_math.h): the same `block` order; 1.0f / sqrtf. The `lane` order (16
+  fused multiply-adds per lane of the lane layout over (j, k), then the 32-lane xor tree: the
+  128-dim stores' and V4.1 layouts' order) is here for comparison.
 The reference's rsqrt is modelled as the correctly rounded one (`cr`), as that one moved by k
 ulps (`cr+k`, to bound what the approximation can move), or, given the table of the GPU's
 rsqrtf that peer_store_match.py measures, as the hardware's own results (`table`).
@@ -631,7 +631,7 @@ def model_report(x, w, pos, f, eps, table: Optional[RsqrtTable] = None,
     rep["inv_accuracy"] = inv_accuracy(x, eps, table)
     rep["ours_vs_reference_cr"] = compare(ours, ref_cr, y64)
     rep["ours_vs_reference_cr"]["worst_rope"] = worst_rope(ours, ref_cr, y64, x, pos)
-    # What-if: the earlier lane order.
+    # What-if: the lane order.
     lane = _dec(encode_rows(engine_y("ours", x, w, f, eps, order="lane")))
     rep["ours_with_lane_sum_vs_reference_cr"] = compare(lane, ref_cr, y64)
     rep["ours_vs_exact"] = compare(ours, exact_rows, y64)

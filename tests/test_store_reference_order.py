@@ -5,7 +5,7 @@ multiply-adds exact in float64, written from the reference's machine code, indep
 C++ header. test_store.py checks the same stores against the float64 oracle within the
 contract's tolerance; here the bytes must equal the model's `block` order exactly, on tokens
 like the peer harness's and on constructed tokens whose bytes the order decides (a UE8M0 byte one
-step apart, a rotated value 16 bf16 ulps apart under the earlier lane order).
+step apart, a rotated value 16 bf16 ulps apart in the lane-layout order).
 """
 import numpy as np
 import pytest
@@ -14,7 +14,7 @@ from benchmarks import store_reference_model as M
 
 EPS = 1e-6
 BLOCK = ("block", "div_sqrt")  # dsv4_ops: the reference's order, 1.0f / sqrtf
-LANE = ("lane", "div_sqrt")    # the lane-layout order the 512-dim stores used before
+LANE = ("lane", "div_sqrt")    # the lane-layout order of the 128-dim stores and V4.1 layouts
 
 
 def model_rows(x, w, f, arith, store_format):
