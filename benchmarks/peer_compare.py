@@ -14,6 +14,10 @@ the same attributes backed by dsv4_ops. The byte counts are the harness's own, s
 Writes peer_compare.json (both result lists, both check lists, the joined table, environment,
 copy ceiling) and peer_compare.md under --out, and prints the joined table:
 ratio = reference-engine time / dsv4_ops time (> 1: dsv4_ops faster), cold and graph.
+Every head_dim-512 case also compares the two engines' fp8_ds_mla cache bytes on the same kv
+rows (benchmarks/peer_store_match.py): one line per case with the UE8M0 bytes, e4m3 codes and
+rope values that differ and which engine is nearer float64 there; a case that does not conform
+(contract 4 as that script arbitrates it) fails the run (--no-store-match: skip).
 Exit status: 0 everything ran and every check passed, 1 the harness / the reference engine /
 dsv4_ops cannot be imported (nothing measured), 2 some case failed or some check failed,
 3 the CUDA context was lost (partial results written).
@@ -36,6 +40,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common as C
+from benchmarks import peer_store_match as PSM
 
 APIS = ("sglang", "dsv4")
 
@@ -253,6 +258,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-precompile", action="store_true", help="let sglang JIT-compile lazily")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no new case after this many seconds")
+    ap.add_argument("--no-store-match", action="store_true",
+                    help="skip the fp8_ds_mla byte comparison of the head_dim-512 cases "
+                         "(benchmarks/peer_store_match.py)")
     ap.add_argument("--selftest-cpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -372,6 +380,11 @@ def main(argv=None) -> int:
     log(H.HEADER)
     deadline = t_start + args.budget_s if args.budget_s else None  # JIT compile time included
     status, skipped = 0, []
+    matches: List[Dict[str, Any]] = []
+    match_apis = None
+    if {"sglang", "dsv4"} <= set(api_objs) and not args.no_store_match:
+        match_apis = {"sglang": (PSM.ReferenceModelStore(api_objs["sglang"]) if args.selftest_cpu
+                                 else api_objs["sglang"]), "dsv4": api_objs["dsv4"]}
     t_run = time.time()
     for case_name, combo, reqs, sd, mode in cases:
         if deadline and time.monotonic() > deadline:
@@ -397,6 +410,18 @@ def main(argv=None) -> int:
             info["device_lost"] = f"after {case_name}: {lost}"
             status = 3
             break
+        if match_apis and combo[1] == 512:
+            try:
+                m = PSM.match_case(H, match_apis, case_name, combo, reqs, sd, mode, dev)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                m = {"case": case_name, "error": f"{type(e).__name__}: {e}"}
+            matches.append(m)
+            log(PSM.summary_line(m))
+            if not m.get("verdict", {}).get("ok"):
+                status = status or 2
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
 
     results = {n: b.results for n, b in benches.items()}
     checks = {n: b.checks for n, b in benches.items()}
@@ -414,12 +439,19 @@ def main(argv=None) -> int:
         "checks": {n: f"{sum(bool(c.get('ok')) for c in cs)}/{len(cs)} ok"
                    for n, cs in checks.items()},
         "run_seconds": round(time.time() - t_run, 1), "skipped_for_time": skipped,
+        "store_match": (f"{sum(bool(m.get('verdict', {}).get('bytes_equal')) for m in matches)} "
+                        f"of {len(matches)} cases bytes equal, "
+                        f"{sum(bool(m.get('verdict', {}).get('ok')) for m in matches)} conform"),
     }
     payload = {"env": info, "ceiling": ceiling, "args": vars(args), "summary": summary,
-               "joined": joined, "results": results, "checks": checks}
+               "joined": joined, "results": results, "checks": checks, "store_match": matches}
     with open(os.path.join(args.out, "peer_compare.json"), "w") as f:
         json.dump(payload, f, indent=1, default=str)
     md = markdown(joined, checks, info, ceiling["gbps"], summary)
+    if matches:
+        md += ["", "## fp8_ds_mla cache bytes against the reference engine (same kv rows)", "",
+               "benchmarks/peer_store_match.py; docs/design/store_reference_match.md.", ""]
+        md += PSM.markdown(matches)
     with open(os.path.join(args.out, "peer_compare.md"), "w") as f:
         f.write("\n".join(md) + "\n")
 
@@ -435,6 +467,8 @@ def main(argv=None) -> int:
         log(f"checks {n}: {len(cs) - len(bad)}/{len(cs)} ok")
         for c in bad[:20]:
             log(f"  FAILED {json.dumps(c, default=str)[:300]}")
+    for m in matches:
+        log(PSM.summary_line(m))
     log(f"summary: {json.dumps(summary, default=str)}")
     if skipped:
         log(f"{len(skipped)} cases skipped by the time budget")

@@ -133,3 +133,42 @@ def test_low_ratio_selftest(tmp_path):
                                        "index_k", "index_k_prefill", "kv_store", "cnrs"}
     assert all(r["conform"] == "ok" and not r["note"] for r in rows)
     assert "c2/v41_fp4/ps64/p3x40" in (tmp_path / "low_ratio.md").read_text()
+
+
+def test_store_match_verdict():
+    """peer_store_match's check of two engines' fp8_ds_mla rows: dsv4_ops' CPU op against the
+    model of the reference (its rsqrt correctly rounded) conforms; a UE8M0 byte off float64's,
+    a code two steps off, or a rope value far off fails it."""
+    import numpy as np
+
+    from benchmarks import peer_store_match as S
+    from benchmarks import store_reference_model as M
+
+    x, w, pos, f, freqs = M.harness_like_tokens(256, seed=3)
+    ours = M.op_rows(x, w, pos, freqs, 1e-6)
+    ref = M.encode_rows(M.engine_y("reference", x, w, f, 1e-6))
+
+    def check(rows):
+        return S.compare_rows(x, pos, freqs, w, 1e-6, rows, ref)
+
+    res = check(ours)
+    assert res["verdict"]["ok"] and res["tokens"] == 256 and res["scale_diff"] == 0
+    assert res["verdict"]["bytes_equal"] == (res["tokens_diff"] == 0)
+    assert S.summary_line({"case": "c", **res}).endswith("conforms")
+
+    def broken(edit):
+        rows = {k: v.copy() for k, v in ours.items()}
+        edit(rows)
+        return check(rows)
+
+    def scale(rows):
+        rows["scales"][5, 2] += 1
+        rows["data"][5, 128:192] = ref["data"][5, 128:192]
+
+    bad = broken(scale)
+    assert bad["scale_diff"] == 1 and not bad["verdict"]["scales_ok"] and not bad["verdict"]["ok"]
+    code = int(ours["data"][7, 10])
+    bad = broken(lambda r: r["data"].__setitem__((7, 10), (code & 0x80) | ((code & 0x7F) ^ 2)))
+    assert bad["code_max_steps_same_scale"] == 2 and not bad["verdict"]["ok"]
+    bad = broken(lambda r: r["data"].__setitem__((9, 449), r["data"][9, 449] ^ 0x40))
+    assert bad["verdict"]["rope_outside_bound"] == 1 and not bad["verdict"]["ok"]

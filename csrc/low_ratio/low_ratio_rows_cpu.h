@@ -16,8 +16,8 @@
 namespace dsv4 {
 
 // rsqrt(mean(x^2) + eps) over hd (128 or 512) values, summed as a one-lane-group GPU kernel
-// does (index-K, compress_norm_rope_store): per lane over (j, k) in the lane layout, then the
-// xor-butterfly tree.
+// does (index-K; compress_norm_rope_store's 128-dim rows and V4.1 layouts): per lane over
+// (j, k) in the lane layout, then the xor-butterfly tree.
 inline float lane_order_rms_inv(const float* x, int hd, float eps) {
   float partial[kLaneGroup];
   for (int l = 0; l < kLaneGroup; ++l) {

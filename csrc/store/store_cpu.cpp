@@ -1,6 +1,6 @@
 // compress_norm_rope_store, CPU backend: the same per-value math as the GPU kernel
 // (store_math.h), one token at a time over at::parallel_for. The sum of squares follows the
-// GPU's lane layout and reduction tree, so CPU and GPU caches agree bit for bit.
+// GPU's reduction order (store_math.h), so CPU and GPU caches agree bit for bit.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -61,8 +61,10 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
   float x[512], y[512];
   for (int d = 0; d < hd; ++d) x[d] = load_f32(a.kv, a.kv_bf16, t * hd + d);
 
-  // RMSNorm with the GPU's order: lane partials over (j, k), then the butterfly tree.
-  const float inv = lane_order_rms_inv(x, hd, a.eps);
+  // RMSNorm with the GPU's order (row_sumsq): the 512-dim V4.0 stores sum in the reference
+  // engine's block order, hd 128 and the V4.1 layouts in the lane order.
+  const float inv = g.layout == kLayoutV4 && hd == 512 ? rms_inv(block_order_sumsq(x), hd, a.eps)
+                                                       : lane_order_rms_inv(x, hd, a.eps);
   if (g.layout != kLayoutV4) {
     // V4.1 layouts (contract V4.1 4.2): the weight, the normed value and the rotated values
     // rounded to kv's dtype, then the layout's encoding of all 512 dims (no fake quant).

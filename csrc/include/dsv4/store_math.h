@@ -3,12 +3,13 @@
 //
 // Both backends walk a token with the same "lane layout": 32 lanes, lane l holding the
 // values of dims 128*j + 4*l + k (j < hd/128, k < 4). The GPU runs one lane per thread; the
-// CPU loops over the lanes only where the order of fp32 operations depends on the layout
-// (the RMS sum of squares, which is a per-lane partial sum followed by the xor-butterfly
-// tree of group_sum). Everything else is element-wise or exact (max, Hadamard stages in the
-// fixed order bit 0..6), so with the per-value functions below the two backends produce
-// bit-identical caches. All products that feed an addition go through an explicit fmaf, so
-// no compiler contraction (nvcc and hipcc fuse a*b+c by default) can change a rounding.
+// CPU emulates the lanes only where the order of fp32 operations matters: the RMS sum of
+// squares, in the reference engine's order (hd 128: a per-lane partial sum followed by the
+// xor-butterfly tree of group_sum; the 512-dim V4.0 stores: block_order_sumsq). Everything
+// else is element-wise or exact (max, Hadamard stages in the fixed order bit 0..6), so with
+// the per-value functions below the two backends produce bit-identical caches. All products
+// that feed an addition go through an explicit fmaf, so no compiler contraction (nvcc and
+// hipcc fuse a*b+c by default) can change a rounding.
 #pragma once
 
 #include <math.h>
@@ -106,6 +107,10 @@ DSV4_HD constexpr int lane_dim(int j, int lane, int k) { return 128 * j + 4 * la
 // One lane's partial sum of squares: its values in (j, k) order, fused multiply-adds.
 DSV4_HD float sumsq_step(float acc, float x) { return fmaf(x, x, acc); }
 
+// The sum of squares of dims (2t, 2t+1), the leaf of block_order_sumsq: x0^2 rounded, then x1^2
+// fused in.
+DSV4_HD float pair_sumsq(float x0, float x1) { return fmaf(x1, x1, x0 * x0); }
+
 // rsqrt(mean(x^2) + eps) from the full sum of squares (hd is a power of two: exact mean).
 DSV4_HD float rms_inv(float sumsq, int hd, float eps) {
   return 1.0f / sqrtf(fmaf(sumsq, 1.0f / float(hd), eps));
@@ -168,15 +173,32 @@ DSV4_HD uint8_t ds_mla_code(float y_bf16, float inv) { return f32_to_e4m3_satfin
 DSV4_HD uint8_t fp8_indexer_code(float y, float scale) { return f32_to_e4m3_satfinite(y / scale); }
 DSV4_HD uint8_t fp4_code(float y, float inv) { return f32_to_e2m1(y * inv); }
 
-// Host-side emulation of group_sum's xor-butterfly (portability.h) over 32 lane partials:
-// every lane ends with the same value, so lane 0's result is the group's.
-inline float lane_tree_sum(float (&p)[kLaneGroup]) {
-  for (int m = kLaneGroup / 2; m > 0; m >>= 1) {
-    float q[kLaneGroup];
-    for (int l = 0; l < kLaneGroup; ++l) q[l] = p[l] + p[l ^ m];
-    for (int l = 0; l < kLaneGroup; ++l) p[l] = q[l];
+// Host-side emulation of an xor-butterfly sum over N lanes (group_sum of portability.h for
+// N = 32), masks N/2 .. 1: every lane ends with the same value, so lane 0's result is the
+// group's.
+template <int N>
+inline float lane_tree_sum(float (&p)[N]) {
+  for (int m = N / 2; m > 0; m >>= 1) {
+    float q[N];
+    for (int l = 0; l < N; ++l) q[l] = p[l] + p[l ^ m];
+    for (int l = 0; l < N; ++l) p[l] = q[l];
   }
   return p[0];
+}
+
+// Sum of squares of a 512-dim row of the V4.0 stores (fp8_ds_mla, bf16) in the order of the
+// reference engine's kernel, one 256-thread block per token (docs/contract.md 4): thread
+// t = 32w + r holds pair_sumsq(x[2t], x[2t+1]); an xor tree over the 32 lanes r of each warp w
+// (masks 16 .. 1), then one over the 8 warp sums (masks 4, 2, 1). The GPU forms the same sums
+// in the lane layout (row_sumsq in store/store_kernel.cuh).
+inline float block_order_sumsq(const float* x) {
+  float warp[8];
+  for (int w = 0; w < 8; ++w) {
+    float p[kLaneGroup];
+    for (int r = 0; r < kLaneGroup; ++r) p[r] = pair_sumsq(x[64 * w + 2 * r], x[64 * w + 2 * r + 1]);
+    warp[w] = lane_tree_sum(p);
+  }
+  return lane_tree_sum(warp);
 }
 
 }  // namespace dsv4

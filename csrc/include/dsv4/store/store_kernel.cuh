@@ -76,18 +76,44 @@ constexpr int store_min_blocks(int format) {
 #endif
 }
 
+// The sum of squares of a V4.0 token in the lane layout, in every lane. hd 128: per-lane partial
+// sum in (j, k) order, then the group's xor-butterfly sum. hd 512: block_order_sumsq's order
+// (store_math.h). Lane l holds its pairs t = 64j + 2l + h (k = 2h, 2h + 1), i.e. warp 2j + l/16,
+// warp lane 2(l % 16) + h: the warp trees' masks 16 .. 2 are lane masks 8 .. 1 and mask 1 is h;
+// the warp-sum tree's masks 4, 2, 1 are bit 1 of j, bit 0 of j and lane mask 16.
+template <int kJ>
+DSV4_DEVICE float row_sumsq(const float (&x)[kJ][4]) {
+  if constexpr (kJ == 4) {
+    float p[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) p[j][h] = pair_sumsq(x[j][2 * h], x[j][2 * h + 1]);
+#pragma unroll
+    for (int m = kLaneGroup / 4; m > 0; m >>= 1)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) p[j][h] += shfl_xor(p[j][h], m);
+    const float s = ((p[0][0] + p[0][1]) + (p[2][0] + p[2][1])) +
+                    ((p[1][0] + p[1][1]) + (p[3][0] + p[3][1]));
+    return s + shfl_xor(s, kLaneGroup / 2);
+  } else {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[j][k]);
+    return group_sum(acc);
+  }
+}
+
 // RMSNorm of a token's values x (weights w) in the lane layout, then RoPE on its last 64 dims
 // (pairs (k = 0, 1) and (2, 3) of the last chunk, rope lanes only, by their (cos, sin) pairs f).
-// The sum of squares: per-lane partial sum in (j, k) order, then the group's xor-butterfly sum.
 template <int kJ>
 DSV4_DEVICE void norm_rope(const float (&x)[kJ][4], const float (&w)[kJ][4], const float (&f)[4],
                            bool rope_lane, float eps, float (&y)[kJ][4]) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kJ; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[j][k]);
-  const float inv = rms_inv(group_sum(acc), 128 * kJ, eps);
+  const float inv = rms_inv(row_sumsq<kJ>(x), 128 * kJ, eps);
 #pragma unroll
   for (int j = 0; j < kJ; ++j)
 #pragma unroll
