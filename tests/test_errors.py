@@ -575,14 +575,11 @@ LOW_RATIO_BAD = [
 ]
 
 
-def _low_ratio_call(device, sample, arg, change):
-    from op_samples import low_ratio_samples
-    return _sample_call(low_ratio_samples, device, sample, arg, change)
-
-
 def _sample_call(samples, device, sample, arg, change):
-    """(op name, a call of sample `sample` of samples(device) with argument `arg` changed)."""
-    op, args = samples("cpu" if device == "meta" else device)[sample]
+    """(op name, a call of sample `sample` of op_samples.<samples>(device) with argument `arg`
+    changed)."""
+    import op_samples
+    op, args = getattr(op_samples, samples)("cpu" if device == "meta" else device)[sample]
     args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
     names = [a.name for a in op.default._schema.arguments]
     i = names.index("page_size" if isinstance(change, int) and arg == "kvcache" else arg)
@@ -593,19 +590,6 @@ def _sample_call(samples, device, sample, arg, change):
     return op.default._schema.name.split("::")[1], lambda: op(*args)
 
 
-@pytest.mark.parametrize("sample,arg,change", LOW_RATIO_BAD,
-                         ids=[f"{s}-{a}-{k}" for k, (s, a, _) in enumerate(LOW_RATIO_BAD)])
-def test_low_ratio_bad_input(device, sample, arg, change):
-    op, call = _low_ratio_call(device, sample, arg, change)
-    raises(op, arg, call)
-
-
-@pytest.mark.parametrize("sample,arg,change", LOW_RATIO_BAD,
-                         ids=[f"{s}-{a}-{k}" for k, (s, a, _) in enumerate(LOW_RATIO_BAD)])
-def test_low_ratio_fakes_refuse_bad_input(sample, arg, change):
-    """The same checks on meta tensors (the fakes that torch.compile and export run)."""
-    op, call = _low_ratio_call("meta", sample, arg, change)
-    raises(op, arg, call)
 
 
 def test_low_ratio_verify_ring_not_wider_than_draft(device):
@@ -735,22 +719,22 @@ CP_BAD = [
 ]
 
 
-def _cp_call(device, sample, arg, change):
-    from op_samples import cp_samples
-    return _sample_call(cp_samples, device, sample, arg, change)
+# (op_samples function, sample, argument, replacement) of every bad-input case of the samples
+SAMPLE_BAD = ([("low_ratio_samples", *c) for c in LOW_RATIO_BAD]
+              + [("cp_samples", *c) for c in CP_BAD])
+SAMPLE_BAD_IDS = [f"{s}-{a}-{k}" for k, (_, s, a, _) in enumerate(SAMPLE_BAD)]
 
 
-@pytest.mark.parametrize("sample,arg,change", CP_BAD,
-                         ids=[f"{s}-{a}-{k}" for k, (s, a, _) in enumerate(CP_BAD)])
-def test_cp_bad_input(device, sample, arg, change):
-    op, call = _cp_call(device, sample, arg, change)
+@pytest.mark.parametrize("samples,sample,arg,change", SAMPLE_BAD, ids=SAMPLE_BAD_IDS)
+def test_sample_bad_input(device, samples, sample, arg, change):
+    op, call = _sample_call(samples, device, sample, arg, change)
     raises(op, arg, call)
 
 
-@pytest.mark.parametrize("sample,arg,change", CP_BAD,
-                         ids=[f"{s}-{a}-{k}" for k, (s, a, _) in enumerate(CP_BAD)])
-def test_cp_fakes_refuse_bad_input(sample, arg, change):
-    op, call = _cp_call("meta", sample, arg, change)
+@pytest.mark.parametrize("samples,sample,arg,change", SAMPLE_BAD, ids=SAMPLE_BAD_IDS)
+def test_fakes_refuse_bad_sample_input(samples, sample, arg, change):
+    """The same checks on meta tensors (the fakes that torch.compile and export run)."""
+    op, call = _sample_call(samples, "meta", sample, arg, change)
     raises(op, arg, call)
 
 
