@@ -42,8 +42,8 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
     for (int ch = 0; ch < hd; ++ch) res[ch] = softmax_empty();
     return;
   }
-  fold_window(c.st, c.st_row, c.in, c.in_row, c.ape.data(), cr, hd,
-              [&](int r) { return row_source(w, cr, r); }, res, scratch);
+  fold_window_rows(c.st, c.st_row, c.in, c.in_row, c.ape.data(), cr, hd,
+                   [&](int r) { return row_source(w, cr, r); }, res, scratch);
 }
 
 template <typename TS, typename TI>

@@ -32,9 +32,9 @@ inline std::vector<float> ape_as_f32(const void* ape, int32_t ape_type, int cr, 
 // logit kAbsentScore + ape: weight 0 unless the ape entry is NaN or +inf, compress_math.h), or
 // any other kind (not folded at all). st_row / in_row: elements per state / input row.
 template <typename TS, typename TI, typename Source>
-void fold_window(const TS* st, int64_t st_row, const TI* in, int64_t in_row, const float* ape,
-                 int cr, int hd, const Source& source, SoftmaxState* res,
-                 SoftmaxState* scratch) {
+void fold_window_rows(const TS* st, int64_t st_row, const TI* in, int64_t in_row,
+                      const float* ape, int cr, int hd, const Source& source, SoftmaxState* res,
+                      SoftmaxState* scratch) {
   const int groups = cr == 4 ? 1 : kC128Groups;
   const int group_rows = cr == 4 ? 8 : kC128GroupRows;
   for (int g = 0; g < groups; ++g) {

@@ -37,8 +37,8 @@ void partials_cpu(const PartialsParams& p) {
       bool holds = false;
       for (int r = 0; r < window_of(cr) && !holds; ++r) holds = rank_holds(source(r));
       if (holds) {
-        compress::fold_window(st, row, in, row, ape.data(), cr, hd, source, res.data(),
-                              scratch.data());
+        compress::fold_window_rows(st, row, in, row, ape.data(), cr, hd, source, res.data(),
+                                   scratch.data());
       } else {
         for (int ch = 0; ch < hd; ++ch) res[static_cast<size_t>(ch)] = no_rows();
       }
