@@ -35,14 +35,15 @@ def _batch(name, device):
     return _BATCHES[key]
 
 
-def _ranks(b, parts):
+def _ranks(b, parts, plan=None, **bounds):
     """Every rank's compress_partials: (partials [R, 3, W, hd], persist rows [R, Nw, row], the
-    ranks' plans); rank 0 reads the state."""
+    ranks' plans) of b.plan (or `plan`, cut to `bounds`); rank 0 reads the state."""
     dev, hd, cr = b.rows.device, b.case.head_dim, b.case.compress_ratio
     partials, persist, plans = [], [], []
     for r, mine in enumerate(parts):
         mine = mine.to(dev)
-        cp = ContextParallelPlan.generate(b.plan, mine, b.num_q, read_state=r == 0)
+        cp = ContextParallelPlan.generate(plan or b.plan, mine, b.num_q, read_state=r == 0,
+                                          **bounds)
         p = torch.empty((3, cp.plan_c.shape[0], hd), device=dev)
         t = b.rows.new_empty((cp.plan_w.shape[0], b.rows.shape[1]))
         ops.compress_partials_op(b.state, b.rows[mine].contiguous(), cp.input_rows, b.world.ape,
@@ -116,6 +117,29 @@ def test_a_rank_without_rows_gives_empty_partials(device, name):
     held = (partials[0, 0] > -math.inf).cpu()
     assert bool(held.any()) and not bool((held.any(1) & ~reads_state).any())
     assert torch.equal(held.all(1), held.any(1))  # a window: every channel or none
+
+
+@pytest.mark.parametrize("name", ["c4_hd128_ring16", "c128_hd512"])
+def test_padded_plan_cut_to_its_bounds(device, name):
+    """A CUDA-graph (padded) plan cut to window_bound windows and num_q persisted rows: the
+    valid windows' rows as with the trimmed plan, zeros for the invalid ones (as
+    compress_forward writes them), the same state."""
+    b, want, want_state, _ = _batch(name, device)
+    c = b.case
+    seq = torch.tensor([s for s, _ in c.requests])
+    ext = torch.tensor([e for _, e in c.requests])
+    padded = cc.plan_for(b.world, seq.to(b.rows.device), ext.to(b.rows.device), padded=True)
+    bound = window_bound(b.num_q, len(c.requests), c.compress_ratio)
+    partials, persist, plans = _ranks(b, cc.split(b.num_q, 2, "rr128"), padded,
+                                      max_windows=bound, max_persist=b.num_q)
+    assert partials.shape[2] == bound > want.shape[0]
+    out = _merged(partials)
+    state = b.state.clone()
+    ops.compress_forward_op(state, _sum_bits(persist), b.world.ape, plans[0].plan_c[:0],
+                            plans[0].persist_plan, want[:0].clone(), c.head_dim,
+                            c.compress_ratio, False)
+    assert cc.compare(out[:want.shape[0]], state, want, want_state) == []
+    assert not bool(out[want.shape[0]:].any())
 
 
 def test_persisted_rows_are_the_plan_rows(device):
