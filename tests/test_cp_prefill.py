@@ -42,8 +42,8 @@ def _ranks(b, parts, plan=None, **bounds):
     partials, persist, plans = [], [], []
     for r, mine in enumerate(parts):
         mine = mine.to(dev)
-        cp = ContextParallelPlan.generate(plan or b.plan, mine, b.num_q, read_state=r == 0,
-                                          **bounds)
+        cp = ContextParallelPlan.generate(b.plan if plan is None else plan, mine, b.num_q,
+                                          read_state=r == 0, **bounds)
         p = torch.empty((3, cp.plan_c.shape[0], hd), device=dev)
         t = b.rows.new_empty((cp.plan_w.shape[0], b.rows.shape[1]))
         ops.compress_partials_op(b.state, b.rows[mine].contiguous(), cp.input_rows, b.world.ape,

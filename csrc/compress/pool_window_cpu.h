@@ -17,6 +17,7 @@ constexpr int kC128Groups = 8;
 constexpr int kC128GroupRows = 16;
 static_assert(kC128Groups * kC128GroupRows == 128, "groups tile the 128-row window");
 static_assert(kC128GroupRows % kChunk == 0 && 8 % kChunk == 0, "chunks tile a group");
+static_assert(kChunk == 4, "fold_window_rows skips a chunk of 4 rows that folds nothing");
 
 // ape [win, hd] of any element type as fp32.
 inline std::vector<float> ape_as_f32(const void* ape, int32_t ape_type, int cr, int hd) {
@@ -55,6 +56,7 @@ void fold_window_rows(const TS* st, int64_t st_row, const TI* in, int64_t in_row
         skv[u] = s.kind == kFromState ? st + s.index * st_row + kv_offset(cr, hd, r) : nullptr;
         ikv[u] = s.kind == kFromInput ? in + s.index * in_row + kv_offset(cr, hd, r) : nullptr;
       }
+      if (!(folded[0] || folded[1] || folded[2] || folded[3])) continue;  // the identity
       for (int ch = 0; ch < hd; ++ch) {
         float z[kChunk], kv[kChunk];
         for (int u = 0; u < kChunk; ++u) {

@@ -69,28 +69,36 @@ DSV4_DEVICE void pool_partial(const PartialsParams& p, int64_t k, int c) {
   const CompressPlan rec = reinterpret_cast<const CompressPlan*>(p.plan_c)[k];
   const WindowRows w = compress::resolve_rows(compress::offline_prefill_window(rec, kCr), kCr,
                                               p.num_state_rows, p.num_batch_rows);
+  const bool read_state = p.read_state != 0;
+  const auto source = [&](int r) {
+    return rank_row_source(w, kCr, r, p.input_rows, p.num_local_rows, read_state);
+  };
+  // A window this rank holds no row of (most windows, with more ranks) costs the input_rows
+  // reads only; the threads of a window agree on every row's source (no divergence).
+  bool holds = false;
+  for (int r = 0; r < kWin && !holds; ++r) holds = rank_holds(source(r));
   SoftmaxState acc[V];
 #pragma unroll
-  for (int j = 0; j < V; ++j) acc[j] = compress::softmax_empty();
-  bool holds = false;
+  for (int j = 0; j < V; ++j) acc[j] = holds ? compress::softmax_empty() : no_rows();
 #pragma unroll 1
-  for (int r0 = 0; r0 < kWin; r0 += kCpChunk) {
+  for (int r0 = 0; r0 < (holds ? kWin : 0); r0 += kCpChunk) {
     bool fs[kCpChunk], fi[kCpChunk], fold[kCpChunk];
     const TS* ps[kCpChunk];
     const TI* pi[kCpChunk];
+    bool any = false;
 #pragma unroll
     for (int u = 0; u < kCpChunk; ++u) {
       const int r = r0 + u;
-      const RowSource s =
-          rank_row_source(w, kCr, r, p.input_rows, p.num_local_rows, p.read_state != 0);
+      const RowSource s = source(r);
       fs[u] = s.kind == compress::kFromState;
       fi[u] = s.kind == compress::kFromInput;
       fold[u] = s.kind != kElsewhere;
-      holds = holds || fs[u] || fi[u];
+      any = any || fold[u];
       const int64_t at = compress::kv_offset(kCr, kHd, r) + c;
       ps[u] = st + (fs[u] ? s.index : 0) * kRow + at;
       pi[u] = in + (fi[u] ? s.index : 0) * kRow + at;
     }
+    if (!any) continue;  // rows of other ranks only: folding them is the identity
     float kv[kCpChunk][V], z[kCpChunk][V], a[kCpChunk][V];
     load_rank_rows<TS, TI, kCpChunk, V>(fs, fi, ps, pi, kScOff, kv, z);
     compress::load_ape_rows<kCpChunk, V, kHd>(p.ape, p.ape_type, int64_t(r0) * kHd + c, a);
@@ -109,10 +117,9 @@ DSV4_DEVICE void pool_partial(const PartialsParams& p, int64_t k, int c) {
   float m[V], s[V], a[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    const SoftmaxState r = holds ? acc[j] : no_rows();
-    m[j] = r.m;
-    s[j] = r.s;
-    a[j] = r.a;
+    m[j] = acc[j].m;
+    s[j] = acc[j].s;
+    a[j] = acc[j].a;
   }
   const int64_t n = p.num_windows;
   compress::store_vec(p.partials + k * kHd + c, m);
