@@ -45,6 +45,18 @@ TORCH_LIBRARY(dsv4, m) {
       "Tensor plan, Tensor? plan_w, Tensor(b!) out, int head_dim, int compress_ratio, "
       "bool is_online) -> ()");
 
+  // ---- context-parallel prefill (contract 8) --------------------------------------------------
+  // This rank's online-softmax partials m | s | k [3, W, head_dim] of the W windows of the
+  // batch's plan_c, over the rows it holds (input_rows [Q]: local row of each ragged row, -1
+  // elsewhere; the state rows only with read_state), and persist_rows: the plan_w rows it holds.
+  m.def(
+      "compress_partials(Tensor kv_score_buffer, Tensor kv_score_input, Tensor input_rows, "
+      "Tensor ape, Tensor plan_c, Tensor plan_w, Tensor(a!) partials, Tensor(b!) persist_rows, "
+      "int head_dim, int compress_ratio, bool read_state) -> ()");
+  // Merge the partials [R, 3, W, head_dim] of R ranks (and a bare max max_m [W, head_dim]) into
+  // the compressed rows out [W, head_dim] or into one partial out [3, W, head_dim].
+  m.def("merge_partials(Tensor partials, Tensor? max_m, Tensor(a!) out) -> ()");
+
   // ---- compress_norm_rope_store (contract 4) --------------------------------------------------
   // RMSNorm + RoPE (+ Hadamard for the indexer) + quantised scatter into the paged cache.
   // store_format: "fp8_ds_mla" | "bf16" | "fp8_indexer" | "fp4_indexer"; layout: the cache

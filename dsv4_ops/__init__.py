@@ -13,7 +13,8 @@ engine's signatures: `c1_decode_norm_rope_store`, `c2_decode_norm_rope_store`,
 `c2_prefill_norm_rope_store`, `fused_store_cache`, `index_k_norm_rope_pack_store`.
 
 `dsv4_ops.testing` holds the plain-PyTorch oracle (`dsv4_ops.testing.reference`), the
-simulated serving engine and the builder of test worlds; it is imported on demand.
+simulated serving engine and the builder of test worlds; `dsv4_ops.distributed` the
+context-parallel prefill over torch.distributed (`cp_compress`). Both are imported on demand.
 """
 from . import ops
 from .compressor import compress_forward, compress_norm_rope_store, store_format_of

@@ -203,14 +203,12 @@ def _state_row(cr, hd, online) -> int:
     return 3 * hd if online else (4 * hd if cr == 4 else 2 * hd)
 
 
-@torch.library.register_fake("dsv4::compress_forward")
-def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compress_ratio, is_online):
-    op = "compress_forward"
+def _pooling_inputs(op, kv_score_buffer, kv_score_input, ape, head_dim, compress_ratio,
+                    is_online) -> None:
+    """head_dim, compress_ratio, the state, the kv_score rows and ape of an op that folds
+    windows (compress_forward, compress_partials): compress_checks.h's check_pooling_inputs."""
     _check(head_dim in (128, 512), op, "head_dim", lambda: f"must be 128 or 512, got {head_dim}")
     _ratio(compress_ratio, op)
-    _check(not is_online or compress_ratio == 128, op, "is_online",
-           lambda: f"needs compress_ratio 128 (the online running state is cr = 128 only), got "
-                   f"{compress_ratio}")
     cr, hd = compress_ratio, head_dim
     st_row = _state_row(cr, hd, is_online)
     _dtype(kv_score_buffer, op, "kv_score_buffer", torch.float32, torch.bfloat16)
@@ -235,6 +233,17 @@ def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compres
     _check(ape.shape[0] == win and ape.shape[1] == hd, op, "ape",
            lambda: f"must be [{win}, {hd}], got shape {list(ape.shape)}")
     _contiguous(ape, op, "ape")
+
+
+@torch.library.register_fake("dsv4::compress_forward")
+def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compress_ratio, is_online):
+    op = "compress_forward"
+    _ratio(compress_ratio, op)
+    _check(not is_online or compress_ratio == 128, op, "is_online",
+           lambda: f"needs compress_ratio 128 (the online running state is cr = 128 only), got "
+                   f"{compress_ratio}")
+    _pooling_inputs(op, kv_score_buffer, kv_score_input, ape, head_dim, compress_ratio, is_online)
+    hd = head_dim
     _plan_tensor(plan, op, "plan", PLAN_RECORD_BYTES)
     if plan_w is not None:
         _plan_tensor(plan_w, op, "plan_w", PLAN_RECORD_BYTES if is_online else WRITE_RECORD_BYTES)
@@ -253,6 +262,69 @@ def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compres
                    (plan_w, "plan_w"), (out, "out")):
         if t is not None:
             _device(t, dev, op, arg)
+    return None
+
+
+# ---- context-parallel prefill (csrc/cp/cp_checks.h) -----------------------------------------
+
+@torch.library.register_fake("dsv4::compress_partials")
+def _(kv_score_buffer, kv_score_input, input_rows, ape, plan_c, plan_w, partials, persist_rows,
+      head_dim, compress_ratio, read_state):
+    op = "compress_partials"
+    _pooling_inputs(op, kv_score_buffer, kv_score_input, ape, head_dim, compress_ratio, False)
+    _contiguous(kv_score_input, op, "kv_score_input")
+    hd = head_dim
+    _dtype(input_rows, op, "input_rows", torch.int32)
+    _dim(input_rows, op, "input_rows", 1)
+    _contiguous(input_rows, op, "input_rows")
+    _plan_tensor(plan_c, op, "plan_c", PLAN_RECORD_BYTES)
+    _plan_tensor(plan_w, op, "plan_w", WRITE_RECORD_BYTES)
+    windows, persist = plan_c.shape[0], plan_w.shape[0]
+    _dtype(partials, op, "partials", torch.float32)
+    _check(partials.dim() == 3 and tuple(partials.shape) == (3, windows, hd), op, "partials",
+           lambda: f"must be [3, {windows}, {hd}] (m | s | k of every plan_c window), got shape "
+                   f"{list(partials.shape)}")
+    _contiguous(partials, op, "partials")
+    in_row = kv_score_input.shape[1]
+    _check(persist_rows.dtype == kv_score_input.dtype, op, "persist_rows",
+           lambda: f"must have kv_score_input's dtype {kv_score_input.dtype}, got "
+                   f"{persist_rows.dtype}")
+    _check(persist_rows.dim() == 2 and tuple(persist_rows.shape) == (persist, in_row), op,
+           "persist_rows", lambda: f"must be [{persist}, {in_row}] (one kv_score row per plan_w "
+                                   f"record), got shape {list(persist_rows.shape)}")
+    _contiguous(persist_rows, op, "persist_rows")
+    _same_device(kv_score_buffer.device, op, kv_score_input=kv_score_input,
+                 input_rows=input_rows, ape=ape, plan_c=plan_c, plan_w=plan_w, partials=partials,
+                 persist_rows=persist_rows)
+    return None
+
+
+@torch.library.register_fake("dsv4::merge_partials")
+def _(partials, max_m, out):
+    op = "merge_partials"
+    _dtype(partials, op, "partials", torch.float32)
+    _check(partials.dim() == 4 and partials.shape[0] >= 1 and partials.shape[1] == 3, op,
+           "partials", lambda: f"must be [ranks, 3, num_windows, head_dim] (m | s | k of each "
+                               f"rank), got shape {list(partials.shape)}")
+    _contiguous(partials, op, "partials")
+    windows, hd = partials.shape[2], partials.shape[3]
+    if max_m is not None:
+        _dtype(max_m, op, "max_m", torch.float32)
+        _check(max_m.dim() == 2 and tuple(max_m.shape) == (windows, hd), op, "max_m",
+               lambda: f"must be [{windows}, {hd}], got shape {list(max_m.shape)}")
+        _contiguous(max_m, op, "max_m")
+    if out.dim() == 3:
+        _dtype(out, op, "out", torch.float32)
+        _check(tuple(out.shape) == (3, windows, hd), op, "out",
+               lambda: f"(a merged partial) must be [3, {windows}, {hd}], got shape "
+                       f"{list(out.shape)}")
+    else:
+        _dtype(out, op, "out", torch.float32, torch.bfloat16)
+        _check(out.dim() == 2 and tuple(out.shape) == (windows, hd), op, "out",
+               lambda: f"must be [{windows}, {hd}] (compressed rows) or [3, {windows}, {hd}] (a "
+                       f"merged partial), got shape {list(out.shape)}")
+    _contiguous(out, op, "out")
+    _same_device(partials.device, op, max_m=max_m, out=out)
     return None
 
 

@@ -107,6 +107,35 @@ def compress_forward_op(kv_score_buffer: torch.Tensor, kv_score_input: torch.Ten
                           compress_ratio, is_online)
 
 
+def compress_partials_op(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
+                         input_rows: torch.Tensor, ape: torch.Tensor, plan_c: torch.Tensor,
+                         plan_w: torch.Tensor, partials: torch.Tensor, persist_rows: torch.Tensor,
+                         head_dim: int, compress_ratio: int, read_state: bool) -> None:
+    """Raw compress_partials (contract 8): this rank's partials m | s | k (fp32 [3, W, head_dim])
+    of the W windows of the batch's plan_c over the rows it holds, and persist_rows: the rows of
+    the batch's plan_w it holds (zeros for the others).
+
+    kv_score_input holds this rank's rows; input_rows (int32 [Q], Q the batch's ragged rows) is
+    the row of kv_score_input of each ragged row, -1 for a row another rank holds. The state
+    rows fold only where read_state (one rank of the group). Preconditions (checked in debug
+    mode): the plans were made by plan_prefill / plan_prefill_legacy for this compress_ratio
+    and the batch, and every input_rows entry is -1 or a row of kv_score_input; the ranks'
+    rows partition the batch's (each ragged row on exactly one rank)."""
+    if validate.debug_enabled():
+        validate.validate_partials_rows(plan_c, plan_w, compress_ratio, kv_score_buffer,
+                                        kv_score_input, input_rows)
+    _ops.compress_partials(kv_score_buffer, kv_score_input, input_rows, ape, plan_c, plan_w,
+                           partials, persist_rows, head_dim, compress_ratio, read_state)
+
+
+def merge_partials_op(partials: torch.Tensor, max_m: Optional[torch.Tensor],
+                      out: torch.Tensor) -> None:
+    """Raw merge_partials (contract 8): merge the partials of R ranks (fp32 [R, 3, W, hd]) and
+    an optional bare max (fp32 [W, hd]) into the compressed rows (out fp32 / bf16 [W, hd]) or
+    into one partial (out fp32 [3, W, hd])."""
+    _ops.merge_partials(partials, max_m, out)
+
+
 def compress_norm_rope_store_op(kv: torch.Tensor, plan: torch.Tensor, norm_weight: torch.Tensor,
                                 freqs: torch.Tensor, out_loc: torch.Tensor,
                                 kvcache: torch.Tensor, is_decode: bool, compress_ratio: int,

@@ -88,14 +88,15 @@ def _check_prefill_form(op: str, c: torch.Tensor, cr: int, online: Optional[bool
 
 def validate_compress_rows(plan: torch.Tensor, plan_w: Optional[torch.Tensor], compress_ratio: int,
                            kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
-                           is_online: bool = False) -> None:
-    """validate_compress on the raw plan tensors (plan_w None: decode)."""
-    op = "compress_forward"
+                           is_online: bool = False, op: str = "compress_forward",
+                           num_in_rows: Optional[int] = None) -> None:
+    """validate_compress on the raw plan tensors (plan_w None: decode); ragged ids index
+    num_in_rows rows (default: kv_score_input's)."""
     cr = compress_ratio
     row = kv_score_buffer.shape[-1]
     slots = kv_score_buffer.numel() // row
     pages = slots if is_online else slots // cr
-    tokens = kv_score_input.shape[0]
+    tokens = kv_score_input.shape[0] if num_in_rows is None else num_in_rows
     if plan_w is None:
         d = _words(plan, 4)
         _check_range(op, "write_loc", d[:, 1], -1, slots, d, torch.ones_like(d[:, 0], dtype=torch.bool))
@@ -122,6 +123,24 @@ def validate_compress_rows(plan: torch.Tensor, plan_w: Optional[torch.Tensor], c
         wvalid = w[:, 0] != -1
         _check_range(op, "plan_w ragged_id", w[:, 0], 0, tokens, w, wvalid)
         _check_range(op, "plan_w write_loc", w[:, 1], -1, slots, w, wvalid)
+
+
+def validate_partials_rows(plan_c: torch.Tensor, plan_w: torch.Tensor, compress_ratio: int,
+                           kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
+                           input_rows: torch.Tensor) -> None:
+    """compress_partials (contract 8): the batch's plan records address the state and the
+    batch's ragged rows (input_rows' length), and every input_rows entry is -1 or a row of
+    kv_score_input."""
+    op = "compress_partials"
+    validate_compress_rows(plan_c, plan_w, compress_ratio, kv_score_buffer, kv_score_input,
+                           op=op, num_in_rows=input_rows.shape[0])
+    local = input_rows.to(torch.int64).cpu()
+    bad = (local < -1) | (local >= kv_score_input.shape[0])
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"dsv4.{op}: input_rows[{i}] = {int(local[i])} is neither -1 (a row "
+                         f"another rank holds) nor a row of kv_score_input "
+                         f"({kv_score_input.shape[0]} rows)")
 
 
 def validate_compress(plan, kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,

@@ -100,3 +100,42 @@ def low_ratio_samples(device):
         lr.cache_for(KVLayout.V41, d.num_pages, d.cache_page_size, g).to(dev),
         True, 4, 1e-6, d.cache_page_size, "fp8_ds_mla", "v41"))
     return samples
+
+
+# ---- context-parallel prefill (contract 8) ------------------------------------------------------
+
+def cp_samples(device):
+    """name -> (op, args) of compress_partials (ratio 4 and 128: the rank that reads the state,
+    holding the even ragged rows, and a rank holding the odd ones) and merge_partials (into rows,
+    and into one partial against a bare max): small argument sets on `device` whose every launch
+    writes something."""
+    from dsv4_ops.distributed import ContextParallelPlan
+
+    ops = torch.ops.dsv4
+    dev = torch.device(device)
+    samples = {}
+    for cr, hd, rank in ((4, 128, 0), (128, 512, 1)):
+        w = make_world(dev, compress_ratio=cr, head_dim=hd)
+        plan = dsv4_ops.CompressorPrefillPlan.generate(
+            cr, w.rid, w.seq_lens_cpu, w.extend_lens_cpu, w.req_to_token, w.full_to_state,
+            SWA_PAGE, w.ring, w.num_q, use_req_ring=cr == 128)
+        mine = torch.arange(rank, w.num_q, 2, device=dev)
+        cp = ContextParallelPlan.generate(plan, mine, w.num_q, read_state=rank == 0)
+        samples[f"compress_partials_c{cr}"] = (ops.compress_partials, (
+            w.state, w.kv_in[mine].contiguous(), cp.input_rows, w.ape, cp.plan_c, cp.plan_w,
+            torch.empty((3, cp.plan_c.shape[0], hd), device=dev),
+            torch.empty((cp.plan_w.shape[0], w.kv_score_row_width), device=dev), hd, cr,
+            cp.read_state))
+    g = torch.Generator().manual_seed(7)
+    ranks, windows, hd = 3, 5, 128
+    partials = torch.randn(ranks, 3, windows, hd, generator=g)
+    partials[:, 1].abs_().add_(0.5)          # s > 0
+    partials[1, 0, :2] = float("-inf")       # rank 1 holds no row of windows 0 and 1
+    partials[1, 1:, :2] = 0.0
+    partials = partials.to(dev)
+    samples["merge_partials_rows"] = (ops.merge_partials, (
+        partials, None, torch.empty((windows, hd), device=dev)))
+    samples["merge_partials_rebase"] = (ops.merge_partials, (
+        partials[:1].contiguous(), partials[:, 0].amax(0).contiguous(),
+        torch.empty((3, windows, hd), device=dev)))
+    return samples

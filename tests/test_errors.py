@@ -575,9 +575,11 @@ LOW_RATIO_BAD = [
 ]
 
 
-def _low_ratio_call(device, sample, arg, change):
-    from op_samples import low_ratio_samples
-    op, args = low_ratio_samples("cpu" if device == "meta" else device)[sample]
+def _sample_call(samples, device, sample, arg, change):
+    """(op name, a call of sample `sample` of op_samples.<samples>(device) with argument `arg`
+    changed)."""
+    import op_samples
+    op, args = getattr(op_samples, samples)("cpu" if device == "meta" else device)[sample]
     args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
     names = [a.name for a in op.default._schema.arguments]
     i = names.index("page_size" if isinstance(change, int) and arg == "kvcache" else arg)
@@ -588,19 +590,6 @@ def _low_ratio_call(device, sample, arg, change):
     return op.default._schema.name.split("::")[1], lambda: op(*args)
 
 
-@pytest.mark.parametrize("sample,arg,change", LOW_RATIO_BAD,
-                         ids=[f"{s}-{a}-{k}" for k, (s, a, _) in enumerate(LOW_RATIO_BAD)])
-def test_low_ratio_bad_input(device, sample, arg, change):
-    op, call = _low_ratio_call(device, sample, arg, change)
-    raises(op, arg, call)
-
-
-@pytest.mark.parametrize("sample,arg,change", LOW_RATIO_BAD,
-                         ids=[f"{s}-{a}-{k}" for k, (s, a, _) in enumerate(LOW_RATIO_BAD)])
-def test_low_ratio_fakes_refuse_bad_input(sample, arg, change):
-    """The same checks on meta tensors (the fakes that torch.compile and export run)."""
-    op, call = _low_ratio_call("meta", sample, arg, change)
-    raises(op, arg, call)
 
 
 def test_low_ratio_verify_ring_not_wider_than_draft(device):
@@ -697,3 +686,79 @@ def test_low_ratio_python_layer_bad_input(device):
     raises("c2_norm_rope_store", "ring_size", lambda: dsv4_ops.c2_decode_norm_rope_store(
         state[0], state[1], state[2], state[5], state[6], state[7], state[3], state[4], state[8],
         page_size=state[9], ring_size=2, draft_len=2, layout=state[12]))
+
+
+# ---- context-parallel prefill (contract 8), raw and through their fakes -----------------------
+
+CP_BAD = [
+    # (sample of op_samples.cp_samples, argument, replacement: a value or a function of it)
+    ("compress_partials_c4", "kv_score_buffer", _narrow(100)),
+    ("compress_partials_c4", "kv_score_input", lambda t: t.double()),
+    ("compress_partials_c4", "kv_score_input", _narrow(256)),          # 2*hd: a cr 128 row
+    ("compress_partials_c4", "input_rows", lambda t: t.long()),
+    ("compress_partials_c4", "input_rows", lambda t: t.view(1, -1)),
+    ("compress_partials_c4", "ape", lambda t: t[:4].contiguous()),
+    ("compress_partials_c4", "plan_c", _narrow(8)),
+    ("compress_partials_c4", "plan_w", _narrow(4)),
+    ("compress_partials_c4", "partials", lambda t: t[:, 1:].contiguous()),  # a window short
+    ("compress_partials_c4", "partials", lambda t: t.double()),
+    ("compress_partials_c4", "persist_rows", _bf16),
+    ("compress_partials_c4", "persist_rows", lambda t: t[1:]),
+    ("compress_partials_c4", "head_dim", 256),
+    ("compress_partials_c4", "compress_ratio", 8),
+    ("compress_partials_c128", "kv_score_buffer", lambda t: t.to(torch.float16)),
+    ("compress_partials_c128", "partials", lambda t: t[:, :, :128].contiguous()),
+    ("merge_partials_rows", "partials", lambda t: t[:, :2].contiguous()),
+    ("merge_partials_rows", "partials", _bf16),
+    ("merge_partials_rows", "partials", lambda t: t.transpose(2, 3)),  # not contiguous
+    ("merge_partials_rows", "out", lambda t: t[:, :64].contiguous()),
+    ("merge_partials_rows", "out", lambda t: t.half()),
+    ("merge_partials_rebase", "max_m", lambda t: t[:, :10].contiguous()),
+    ("merge_partials_rebase", "max_m", _bf16),
+    ("merge_partials_rebase", "out", _bf16),                         # a partial is fp32
+]
+
+
+# (op_samples function, sample, argument, replacement) of every bad-input case of the samples
+SAMPLE_BAD = ([("low_ratio_samples", *c) for c in LOW_RATIO_BAD]
+              + [("cp_samples", *c) for c in CP_BAD])
+SAMPLE_BAD_IDS = [f"{s}-{a}-{k}" for k, (_, s, a, _) in enumerate(SAMPLE_BAD)]
+
+
+@pytest.mark.parametrize("samples,sample,arg,change", SAMPLE_BAD, ids=SAMPLE_BAD_IDS)
+def test_sample_bad_input(device, samples, sample, arg, change):
+    op, call = _sample_call(samples, device, sample, arg, change)
+    raises(op, arg, call)
+
+
+@pytest.mark.parametrize("samples,sample,arg,change", SAMPLE_BAD, ids=SAMPLE_BAD_IDS)
+def test_fakes_refuse_bad_sample_input(samples, sample, arg, change):
+    """The same checks on meta tensors (the fakes that torch.compile and export run)."""
+    op, call = _sample_call(samples, "meta", sample, arg, change)
+    raises(op, arg, call)
+
+
+def test_cp_outputs_sharing_memory(device):
+    """The outputs of compress_partials and merge_partials must not alias their inputs."""
+    from op_samples import cp_samples
+    s = cp_samples(device)
+    op, args = s["compress_partials_c4"]
+    a = list(args)
+    a[6] = a[0].view(-1)[: a[6].numel()].view(a[6].shape)   # partials inside the state
+    raises("compress_partials", "partials", lambda: op(*a))
+    op, args = s["merge_partials_rebase"]
+    raises("merge_partials", "out", lambda: op(args[0], args[1], args[0][0]))
+
+
+def test_cp_debug_mode_names_a_bad_input_row(device, debug_mode):
+    """Debug mode: an input_rows entry that is neither -1 nor a local row is an error naming
+    compress_partials and the entry; normal mode treats it as a row another rank holds."""
+    from op_samples import cp_samples
+    _, args = cp_samples(device)["compress_partials_c4"]
+    args = list(args)
+    args[2] = args[2].clone()
+    args[2][3] = args[1].shape[0]
+    with pytest.raises(ValueError, match=r"dsv4\.compress_partials: input_rows\[3\]"):
+        ops.compress_partials_op(*args)
+    dsv4_ops.set_debug(False)
+    ops.compress_partials_op(*args)

@@ -1,6 +1,6 @@
-"""The examples run as written: examples/quickstart.py (the README's quickstart) and the
-simulated serving demo (DeepSeek-V4 and, with --model v4.1, V4.1), on the CPU, each in a fresh
-interpreter."""
+"""The examples run as written: examples/quickstart.py (the README's quickstart), the
+simulated serving demo (DeepSeek-V4 and, with --model v4.1, V4.1) and the context-parallel
+prefill example under torchrun (2 gloo ranks), on the CPU, each in fresh interpreters."""
 import os
 import subprocess
 import sys
@@ -34,6 +34,16 @@ def test_serving_demo_v41_runs():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert ("OK: every latent, cache byte, index-K byte and ring row matches the reference"
             in run.stdout)
+
+
+def test_cp_prefill_example_runs_under_torchrun():
+    run = _run("-m", "torch.distributed.run", "--nproc-per-node", "2",
+               os.path.join(ROOT, "examples", "cp_prefill.py"), "--device", "cpu", "--tokens",
+               "640", "--reps", "1")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert ("OK: both paths give the same rows and state bytes, equal to the reference"
+            in run.stdout)
+    assert run.stdout.count(" cr ") == 3  # a row per compressor
 
 
 def test_readme_quickstart_is_the_example():

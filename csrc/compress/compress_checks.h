@@ -22,45 +22,56 @@ struct CallShape {
   int hd;
 };
 
+// The pooling inputs of every op that folds windows (compress_forward, compress_partials):
+// head_dim, compress_ratio, the state buffer, the kv_score rows and ape, named as `op`.
+inline void check_pooling_inputs(const char* op, const at::Tensor& kv_score_buffer,
+                                 const at::Tensor& kv_score_input, const at::Tensor& ape,
+                                 int64_t head_dim, int64_t compress_ratio, bool is_online) {
+  DSV4_CHECK(head_dim == 128 || head_dim == 512, op, "head_dim", "must be 128 or 512, got ",
+             head_dim);
+  check_ratio(compress_ratio, op);
+  const int cr = int(compress_ratio), hd = int(head_dim);
+
+  // State buffer: rows of the layout's width, any leading shape, contiguous.
+  const int64_t st_row = state_row_elems(cr, hd, is_online);
+  check_dtype(kv_score_buffer, op, "kv_score_buffer", {at::kFloat, at::kBFloat16});
+  DSV4_CHECK(kv_score_buffer.dim() >= 2 && kv_score_buffer.size(-1) == st_row, op,
+             "kv_score_buffer",
+             "must be [num_pages, page_rows, ", st_row, "] (last dim ",
+             is_online ? "3*head_dim for the online state"
+                       : (cr == 4 ? "4*head_dim" : "2*head_dim"),
+             "), got shape ", kv_score_buffer.sizes());
+  check_contiguous(kv_score_buffer, op, "kv_score_buffer");
+
+  const int64_t in_row = input_row_elems(cr, hd);
+  check_dtype(kv_score_input, op, "kv_score_input", {at::kFloat, at::kBFloat16});
+  check_dim(kv_score_input, op, "kv_score_input", 2);
+  DSV4_CHECK(kv_score_input.size(1) == in_row, op, "kv_score_input", "must have ", in_row,
+             " columns (", cr == 4 ? "4" : "2", "*head_dim), got shape ", kv_score_input.sizes());
+  check_strided_rows(kv_score_input, op, "kv_score_input");
+
+  const int win = window_of(cr);
+  check_dtype(ape, op, "ape", {at::kFloat, at::kBFloat16, at::kHalf});
+  check_dim(ape, op, "ape", 2);
+  DSV4_CHECK(ape.size(0) == win && ape.size(1) == hd, op, "ape", "must be [", win, ", ", hd,
+             "], got shape ", ape.sizes());
+  check_contiguous(ape, op, "ape");
+}
+
 inline CallShape check_compress_forward(const at::Tensor& kv_score_buffer,
                                         const at::Tensor& kv_score_input, const at::Tensor& ape,
                                         const at::Tensor& plan,
                                         const std::optional<at::Tensor>& plan_w,
                                         const at::Tensor& out, int64_t head_dim,
                                         int64_t compress_ratio, bool is_online) {
-  DSV4_CHECK(head_dim == 128 || head_dim == 512, kOp, "head_dim", "must be 128 or 512, got ",
-             head_dim);
-  check_ratio(compress_ratio, kOp);
+  check_ratio(compress_ratio, kOp);  // before is_online, which names the ratio
   DSV4_CHECK(!is_online || compress_ratio == 128, kOp, "is_online",
              "needs compress_ratio 128 (the online running state is cr = 128 only), got ",
              compress_ratio);
+  check_pooling_inputs(kOp, kv_score_buffer, kv_score_input, ape, head_dim, compress_ratio,
+                       is_online);
   const int cr = int(compress_ratio), hd = int(head_dim);
   const bool decode = !plan_w.has_value();
-
-  // State buffer: rows of the layout's width, any leading shape, contiguous.
-  const int64_t st_row = state_row_elems(cr, hd, is_online);
-  check_dtype(kv_score_buffer, kOp, "kv_score_buffer", {at::kFloat, at::kBFloat16});
-  DSV4_CHECK(kv_score_buffer.dim() >= 2 && kv_score_buffer.size(-1) == st_row, kOp,
-             "kv_score_buffer",
-             "must be [num_pages, page_rows, ", st_row, "] (last dim ",
-             is_online ? "3*head_dim for the online state"
-                       : (cr == 4 ? "4*head_dim" : "2*head_dim"),
-             "), got shape ", kv_score_buffer.sizes());
-  check_contiguous(kv_score_buffer, kOp, "kv_score_buffer");
-
-  const int64_t in_row = input_row_elems(cr, hd);
-  check_dtype(kv_score_input, kOp, "kv_score_input", {at::kFloat, at::kBFloat16});
-  check_dim(kv_score_input, kOp, "kv_score_input", 2);
-  DSV4_CHECK(kv_score_input.size(1) == in_row, kOp, "kv_score_input", "must have ", in_row,
-             " columns (", cr == 4 ? "4" : "2", "*head_dim), got shape ", kv_score_input.sizes());
-  check_strided_rows(kv_score_input, kOp, "kv_score_input");
-
-  const int win = window_of(cr);
-  check_dtype(ape, kOp, "ape", {at::kFloat, at::kBFloat16, at::kHalf});
-  check_dim(ape, kOp, "ape", 2);
-  DSV4_CHECK(ape.size(0) == win && ape.size(1) == hd, kOp, "ape", "must be [", win, ", ", hd,
-             "], got shape ", ape.sizes());
-  check_contiguous(ape, kOp, "ape");
 
   check_plan_tensor(plan, kOp, "plan", 16);
   if (plan_w.has_value()) check_plan_tensor(*plan_w, kOp, "plan_w", is_online ? 16 : 8);
@@ -99,9 +110,9 @@ inline CallShape check_compress_forward(const at::Tensor& kv_score_buffer,
 
 // GPU kernels use 16-byte (fp32) / 8-byte (bf16, fp16) vector accesses (kVec elements), also
 // at every kv_score_input row.
-inline void check_vector_aligned(const at::Tensor& t, const char* arg) {
+inline void check_vector_aligned(const at::Tensor& t, const char* arg, const char* op = kOp) {
   const int64_t bytes = 4 * t.element_size();
-  DSV4_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % uintptr_t(bytes) == 0, kOp, arg,
+  DSV4_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % uintptr_t(bytes) == 0, op, arg,
              "must start on a ", bytes, "-byte boundary (got a view at an unaligned offset)");
 }
 

@@ -1,6 +1,6 @@
 // compress_forward on the CPU (docs/contract.md 3.4, 3.5): plain C++ over at::parallel_for, fp32 math,
 // built from the same per-item math as the GPU kernels (include/dsv4/compress_math.h); only
-// the summation grouping is the CPU's own (below).
+// the summation grouping is the CPU's own (compress/pool_window_cpu.h).
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -8,18 +8,11 @@
 #include <vector>
 
 #include "compress/compress_checks.h"
+#include "compress/pool_window_cpu.h"
 
 namespace dsv4 {
 namespace compress {
 namespace {
-
-// cr = 128 windows fold as kC128Groups groups of kC128GroupRows rows, each in chunks of kChunk
-// rows per softmax rescale, merged in group order (cr = 4: one group of 8 rows).
-constexpr int kChunk = 4;
-constexpr int kC128Groups = 8;
-constexpr int kC128GroupRows = 16;
-static_assert(kC128Groups * kC128GroupRows == 128, "groups tile the 128-row window");
-static_assert(kC128GroupRows % kChunk == 0 && 8 % kChunk == 0, "chunks tile a group");
 
 template <typename TS, typename TI>
 struct Ctx {
@@ -34,18 +27,13 @@ struct Ctx {
 
 template <typename TS, typename TI>
 Ctx<TS, TI> make_ctx(const Params& p, bool online) {
-  Ctx<TS, TI> c{p, static_cast<TS*>(p.state), static_cast<const TI*>(p.input),
-                state_row_elems(p.cr, p.hd, online), input_row_elems(p.cr, p.hd),
-                p.in_row_stride, {}};
-  const int64_t n = int64_t(window_of(p.cr)) * p.hd;
-  c.ape.resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) c.ape[size_t(i)] = load_ape(p.ape, p.ape_type, i);
-  return c;
+  return Ctx<TS, TI>{p, static_cast<TS*>(p.state), static_cast<const TI*>(p.input),
+                     state_row_elems(p.cr, p.hd, online), input_row_elems(p.cr, p.hd),
+                     p.in_row_stride, ape_as_f32(p.ape, p.ape_type, p.cr, p.hd)};
 }
 
 // Pool the window `d` into res[0..hd) (softmax states). `scratch` holds hd states. Absent rows
-// of a window that has a present row fold as the GPU kernels fold them, kv 0 and logit
-// kAbsentScore + ape (weight 0 unless the ape entry is NaN or +inf, compress_math.h).
+// of a window that has a present row fold as the GPU kernels fold them (pool_window_cpu.h).
 template <typename TS, typename TI>
 void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
                  SoftmaxState* scratch) {
@@ -55,47 +43,8 @@ void pool_window(const Ctx<TS, TI>& c, const WindowDesc& d, SoftmaxState* res,
     for (int ch = 0; ch < hd; ++ch) res[ch] = softmax_empty();
     return;
   }
-  const int groups = cr == 4 ? 1 : kC128Groups;
-  const int group_rows = cr == 4 ? 8 : kC128GroupRows;
-  for (int g = 0; g < groups; ++g) {
-    SoftmaxState* gs = g == 0 ? res : scratch;
-    for (int ch = 0; ch < hd; ++ch) gs[ch] = softmax_empty();
-    for (int r0 = g * group_rows; r0 < (g + 1) * group_rows; r0 += kChunk) {
-      const TS* skv[kChunk];
-      const TI* ikv[kChunk];
-      int64_t soff[kChunk];
-      int kind[kChunk];
-      bool every[kChunk];  // every row folds, absent ones included (above)
-      for (int u = 0; u < kChunk; ++u) {
-        const int r = r0 + u;
-        const RowSource s = row_source(w, cr, r);
-        kind[u] = s.kind;
-        every[u] = true;
-        soff[u] = score_offset(cr, hd, r) - kv_offset(cr, hd, r);
-        skv[u] = s.kind == kFromState ? c.st + s.index * c.st_row + kv_offset(cr, hd, r) : nullptr;
-        ikv[u] =
-            s.kind == kFromInput ? c.in + s.index * c.in_stride + kv_offset(cr, hd, r) : nullptr;
-      }
-      for (int ch = 0; ch < hd; ++ch) {
-        float z[kChunk], kv[kChunk];
-        for (int u = 0; u < kChunk; ++u) {
-          float k = 0.0f, sc = kAbsentScore;
-          if (kind[u] == kFromState) {
-            k = load_as_f32(skv[u], ch);
-            sc = load_as_f32(skv[u], soff[u] + ch);
-          } else if (kind[u] == kFromInput) {
-            k = load_as_f32(ikv[u], ch);
-            sc = load_as_f32(ikv[u], soff[u] + ch);
-          }
-          kv[u] = k;
-          z[u] = sc + c.ape[size_t((r0 + u) * hd + ch)];
-        }
-        softmax_fold<kChunk>(gs[ch], z, kv, every);
-      }
-    }
-    if (g > 0)
-      for (int ch = 0; ch < hd; ++ch) softmax_merge(res[ch], gs[ch]);
-  }
+  fold_window_rows(c.st, c.st_row, c.in, c.in_stride, c.ape.data(), cr, hd,
+                   [&](int r) { return row_source(w, cr, r); }, res, scratch);
 }
 
 template <typename TS, typename TI>
