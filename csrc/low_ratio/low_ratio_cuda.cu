@@ -18,12 +18,14 @@ uint8_t* cache_bytes(at::Tensor& cache) { return static_cast<uint8_t*>(cache.dat
 
 // Rows from which a 512-dim row kernel runs one lane group a row (row_encode.cuh's kChunks = 4)
 // instead of four (kChunks = 1). Tuning knobs (A/B builds): a row count (0: always, a huge
-// value: never), or -1, the default: one wave of four-group rows (row_chunks).
+// value: never), or -1: one wave of four-group rows (row_chunks).
 #ifndef DSV4_LR_WIDE_ROWS_MIN
 #define DSV4_LR_WIDE_ROWS_MIN -1  // c1, kv_store
 #endif
+// c2 decode / verify, the c2 prefill's two passes: never. At 103 registers a thread the
+// one-group ratio-2 kernels hold few more rows an SM, and measured slower at every size.
 #ifndef DSV4_LR_WIDE_PAIR_ROWS_MIN
-#define DSV4_LR_WIDE_PAIR_ROWS_MIN -1  // c2 decode / verify, the c2 prefill's two passes
+#define DSV4_LR_WIDE_PAIR_ROWS_MIN (int64_t(1) << 62)
 #endif
 
 // The chunks a thread of a 512-dim row holds in a launch of n_rows rows (`rows_min` one of the
