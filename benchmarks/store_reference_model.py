@@ -40,10 +40,13 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-HD = 512
-NOPE = 448
-GROUP = 64
-ROPE = 64
+from dsv4_ops.layout import STORE_FORMATS, KVLayout  # noqa: E402  (after the path set-up)
+
+_DS_MLA = STORE_FORMATS["fp8_ds_mla"]
+HD = _DS_MLA.head_dim
+GROUP = KVLayout("v4").tile_size        # dims of one UE8M0 scale
+NOPE = _DS_MLA.scale_bytes * GROUP      # the e4m3 dims, one scale a group
+ROPE = HD - NOPE                        # the bf16 RoPE dims
 F32 = np.float32
 F64 = np.float64
 RSQRT_MODES = ("div_sqrt", "cr", "table")
@@ -275,7 +278,8 @@ def encode_rows(y: np.ndarray) -> Dict[str, np.ndarray]:
     from dsv4_ops.testing import reference
 
     if y.shape[0] == 0:
-        return {"data": np.zeros((0, 576), np.uint8), "scales": np.zeros((0, 7), np.uint8)}
+        return {"data": np.zeros((0, _DS_MLA.data_bytes), np.uint8),
+                "scales": np.zeros((0, _DS_MLA.scale_bytes), np.uint8)}
     data, scales = reference.encode(torch.from_numpy(np.ascontiguousarray(y, dtype=F32)),
                                     "fp8_ds_mla")
     return {"data": data.numpy(), "scales": scales.numpy()}
