@@ -115,8 +115,7 @@ def _verify_lengths(op: str, compress_ratio: Optional[int], ring_size: Optional[
                 f"dsv4.{op}: num_verify_tokens {d} is more than a ring of {ring_size} rows holds "
                 f"for compress_ratio {compress_ratio} (at most {cap}: a verify token at position "
                 f"p overwrites the row of p - {ring_size}, which a later window may still read "
-                f"once the token is rejected); allocate a ring of at least "
-                f"{d + (8 if compress_ratio == 4 else 128) - 2} rows")
+                f"once the token is rejected); a ring of R > window rows holds R - window + 2")
     seq = _i64(seq_lens, op, "seq_lens", device)
     ext = torch.full_like(seq, d)
     return seq + d, ext, int(seq.shape[0]) * d
