@@ -13,7 +13,8 @@ namespace {
 
 template <typename TS, typename TI>
 void write_prefix_cpu(const WritePrefixParams& p) {
-  at::parallel_for(0, p.batch, 1, [&](int64_t b0, int64_t b1) {
+  // A request is hd channels x D tokens of work: a few requests per task.
+  at::parallel_for(0, p.batch, 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const StageEntry e = stage_entry(p, b);
       if (!e.active) continue;
