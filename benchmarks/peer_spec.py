@@ -295,36 +295,10 @@ def main(argv=None) -> int:
     else:
         if not args.peer_dir:
             ap.error("--peer-dir is required (or --selftest)")
-        try:
-            from benchmarks.peer_compare import load_harness
-
-            peer_dir = os.path.abspath(args.peer_dir)
-            H = load_harness(peer_dir)
-            H.setup_import_path()
-            H.prepare_toolchain(info)
-            import sglang
-
-            if not getattr(sglang, "PEER_STUB", False):
-                raise ImportError(f"the stub sglang package is not first on sys.path: "
-                                  f"{sglang.__file__} (put {peer_dir}/stubs first on PYTHONPATH)")
-            apis = {"sglang": sglang_api(), "dsv4": dsv4_api()}
-            try:
-                from importlib.metadata import version
-
-                info["sglang_version"] = version("sglang")
-            except Exception:  # noqa: BLE001
-                info["sglang_version"] = "unknown"
-        except Exception as e:  # noqa: BLE001
-            log(f"[peer_spec] cannot load the peer kit / the reference / dsv4_ops: "
-                f"{type(e).__name__}: {e}")
-            traceback.print_exc()
-            return 1
-        if not torch.cuda.is_available():
-            log("[peer_spec] needs a CUDA GPU (or --selftest)")
+        apis = P.load_peer("peer_spec", args.peer_dir, info, sglang_api, dsv4_api)
+        if apis is None:
             return 1
         device = torch.device("cuda", torch.cuda.current_device())
-        p = torch.cuda.get_device_properties(device)
-        info.update(gpu=p.name, cc=f"{p.major}.{p.minor}", torch_cuda=torch.version.cuda)
         s.reps, s.reps_big, s.warmup, s.graph_replays = ((30, 8, 3, 5) if args.quick
                                                          else (100, 20, 5, 10))
         P.prebuild([("online_c128_mtp", f) for f in sglang_builders(apis["sglang"])], info)
