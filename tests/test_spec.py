@@ -385,3 +385,112 @@ def test_wider_than_the_ring_corrupts():
         eng.record_verify(kv, d, [1])
     leaked = [k for k, v in eng.outputs.items() if torch.isnan(v).any()]
     assert leaked, "a draft past the ring's capacity should have clobbered a live row"
+
+
+# ---- the ops through PyTorch's machinery -------------------------------------------------------
+
+from op_samples import spec_samples  # noqa: E402
+from test_low_ratio_dispatch import _assert_same_writes, _clone, _mutated  # noqa: E402
+
+SAMPLES = sorted(spec_samples("cpu"))
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_opcheck(device, name):
+    op, args = spec_samples(device)[name]
+    torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_samples_write_only_their_outputs(device, name):
+    op, args = spec_samples(device)[name]
+    before = _clone(args)
+    op(*args)
+    written = _mutated(op, args)
+    assert written
+    for i, (a, b) in enumerate(zip(args, before)):
+        if isinstance(a, torch.Tensor):
+            same = torch.equal(bits(a) if a.is_floating_point() else a.cpu(),
+                               bits(b) if b.is_floating_point() else b.cpu())
+            assert same == (i not in written), f"{name}: argument {i}"
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_meta_tensors(name):
+    op, args = spec_samples("cpu")[name]
+    op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_compiled_equals_eager(device, name):
+    op, args = spec_samples(device)[name]
+    eager, compiled = _clone(args), _clone(args)
+    op(*eager)
+    torch._dynamo.reset()
+    torch.compile(lambda *a: op(*a), fullgraph=True, dynamic=False)(*compiled)
+    _assert_same_writes(op, eager, compiled, f"{name} compiled")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", SAMPLES)
+def test_cuda_equals_cpu(name):
+    """The GPU kernels give the CPU's bytes for mark and commit; staged banks within the
+    backends' tolerance (contract 6: the hardware exponential)."""
+    op, args = spec_samples("cpu")[name]
+    cpu = _clone(args)
+    gpu = [a.cuda() if isinstance(a, torch.Tensor) else a for a in _clone(args)]
+    op(*cpu)
+    op(*gpu)
+    for i in _mutated(op, args):
+        if name.startswith("write_prefix"):
+            torch.testing.assert_close(gpu[i].cpu().float(), cpu[i].float(), rtol=1e-5,
+                                       atol=1e-5)
+        else:
+            assert torch.equal(gpu[i].cpu(), cpu[i]), f"{name}: argument {i}"
+
+
+# ---- errors name the op and the argument ---------------------------------------------------------
+
+ERRORS = [
+    ("write_prefix_states_float32", 0, lambda a: a[:, :100], "kv_score_input must have 256"),
+    ("write_prefix_states_float32", 0, lambda a: a[:5], "kv_score_input has 5 rows"),
+    ("write_prefix_states_float32", 1, lambda a: a.float(), "seq_lens must have dtype"),
+    ("write_prefix_states_float32", 2, lambda a: a[:2], "req_pool_indices has 2 entries"),
+    ("write_prefix_states_float32", 3, lambda a: a.long(), "req_to_token must have dtype"),
+    ("write_prefix_states_float32", 4, lambda a: a[:64], "ape must be \\[128, 128\\]"),
+    ("write_prefix_states_float32", 5, lambda a: a.half(), "state must have dtype"),
+    ("write_prefix_states_float32", 5, lambda a: a[:, :100], "state must be \\[num_slots, 384\\]"),
+    ("write_prefix_states_float32", 7, 0, "num_verify_tokens must be at least 1"),
+    ("write_prefix_states_float32", 8, 0, "state_slot_stride must be at least 1"),
+    ("write_prefix_states_float32", 9, 256, "head_dim must be 128 or 512"),
+    ("mark_pending", 2, lambda a: a.int(), "pending_seq_lens must have dtype"),
+    ("mark_pending", 4, 9, "num_req_slots must lie in \\[0, 5\\]"),
+    ("mark_pending", 0, lambda a: a[:1], "seq_lens has 1 entries"),
+    ("commit_pending", 3, lambda a: a[:2], "num_req_slots must lie in \\[0, 2\\]"),
+    ("commit_pending", 4, lambda a: a.t(), "state must"),
+    ("commit_pending", 6, -1, "num_verify_tokens must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("name,i,bad,msg", ERRORS)
+@pytest.mark.parametrize("meta", [False, True])
+def test_errors(name, i, bad, msg, meta):
+    op, args = spec_samples("cpu")[name]
+    args = list(args)
+    args[i] = bad(args[i]) if callable(bad) else bad
+    if meta:
+        args = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    opname = "online_c128_mtp_" + name.rsplit("_", 1)[0] if name.startswith("write") else \
+        "online_c128_mtp_" + name
+    with pytest.raises(RuntimeError, match=f"dsv4.{opname}: {msg}"):
+        op(*args)
+
+
+def test_errors_device_mix():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    op, args = spec_samples("cuda")["commit_pending"]
+    args = list(args)
+    args[0] = args[0].cpu()
+    with pytest.raises(RuntimeError, match="online_c128_mtp_commit_pending: seq_lens must be on"):
+        op(*args)
