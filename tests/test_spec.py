@@ -13,6 +13,7 @@ from dsv4_ops import spec
 from dsv4_ops.plans import CompressorPrefillPlan
 from dsv4_ops.testing import reference
 
+from conftest import DEVICES
 from spec_cases import Case, Engine, bits, make_rows
 
 CASES = [
@@ -78,10 +79,11 @@ def _rounds(rng: random.Random, case: Case, n: int, widths=None):
     return out
 
 
+@pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=str)
 @settings(max_examples=4)
 @given(data=st.data())
-def test_replay_identity(case, data):
+def test_replay_identity(case, dev, data):
     """Random batches, verify widths up to what the ring holds (8 for the online state: 7
     drafts and the bonus token), random acceptance per request: the verify run's rows, cache and
     state equal token-by-token decode of the accepted tokens."""
@@ -97,7 +99,7 @@ def test_replay_identity(case, data):
         acc = data.draw(st.lists(st.integers(1, d), min_size=batch, max_size=batch),
                         label="accepts")
         rounds.append((d, acc))
-    ver, tok = _replay(case, "cpu", batch, prefixes, rounds, seed=len(rounds))
+    ver, tok = _replay(case, dev, batch, prefixes, rounds, seed=len(rounds))
     _assert_identical(case, ver, tok)
 
 
