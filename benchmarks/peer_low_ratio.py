@@ -934,6 +934,43 @@ TEXT_HEADER = (f"{'case':<40} {'sgl_us':>9} {'dsv4_us':>9} {'ratio':>6} {'sgl_g'
                f"{'dsv4_g':>9} {'rat_g':>6} {'%floor':>6} conf")
 
 
+def load_peer(tool: str, peer_dir: str, info: Dict[str, Any], sglang_fn, dsv4_fn
+              ) -> Optional[Dict[str, Any]]:
+    """{"sglang": sglang_fn(), "dsv4": dsv4_fn()} through the peer kit's stub packages, with the
+    reference's version and the GPU in `info`; None (logged) if the kit, the reference, dsv4_ops
+    or a CUDA GPU is missing."""
+    try:
+        from benchmarks.peer_compare import load_harness
+
+        peer_dir = os.path.abspath(peer_dir)
+        H = load_harness(peer_dir)
+        H.setup_import_path()
+        H.prepare_toolchain(info)
+        import sglang
+
+        if not getattr(sglang, "PEER_STUB", False):
+            raise ImportError(f"the stub sglang package is not first on sys.path: "
+                              f"{sglang.__file__} (put {peer_dir}/stubs first on PYTHONPATH)")
+        apis = {"sglang": sglang_fn(), "dsv4": dsv4_fn()}
+        try:
+            from importlib.metadata import version
+
+            info["sglang_version"] = version("sglang")
+        except Exception:  # noqa: BLE001
+            info["sglang_version"] = "unknown"
+    except Exception as e:  # noqa: BLE001
+        log(f"[{tool}] cannot load the peer kit / the reference / dsv4_ops: "
+            f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+        return None
+    if not torch.cuda.is_available():
+        log(f"[{tool}] needs a CUDA GPU (or --selftest)")
+        return None
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    info.update(gpu=p.name, cc=f"{p.major}.{p.minor}", torch_cuda=torch.version.cuda)
+    return apis
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -969,36 +1006,10 @@ def main(argv=None) -> int:
     else:
         if not args.peer_dir:
             ap.error("--peer-dir is required (or --selftest)")
-        try:
-            from benchmarks.peer_compare import load_harness
-
-            peer_dir = os.path.abspath(args.peer_dir)
-            H = load_harness(peer_dir)
-            H.setup_import_path()
-            H.prepare_toolchain(info)
-            import sglang
-
-            if not getattr(sglang, "PEER_STUB", False):
-                raise ImportError(f"the stub sglang package is not first on sys.path: "
-                                  f"{sglang.__file__} (put {peer_dir}/stubs first on PYTHONPATH)")
-            apis = {"sglang": sglang_api(), "dsv4": dsv4_api()}
-            try:
-                from importlib.metadata import version
-
-                info["sglang_version"] = version("sglang")
-            except Exception:  # noqa: BLE001
-                info["sglang_version"] = "unknown"
-        except Exception as e:  # noqa: BLE001
-            log(f"[peer_low_ratio] cannot load the peer kit / the reference / dsv4_ops: "
-                f"{type(e).__name__}: {e}")
-            traceback.print_exc()
-            return 1
-        if not torch.cuda.is_available():
-            log("[peer_low_ratio] needs a CUDA GPU (or --selftest)")
+        apis = load_peer("peer_low_ratio", args.peer_dir, info, sglang_api, dsv4_api)
+        if apis is None:
             return 1
         device = torch.device("cuda", torch.cuda.current_device())
-        p = torch.cuda.get_device_properties(device)
-        info.update(gpu=p.name, cc=f"{p.major}.{p.minor}", torch_cuda=torch.version.cuda)
         s.reps, s.reps_big, s.warmup, s.graph_replays = ((30, 8, 3, 5) if args.quick
                                                          else (100, 20, 5, 10))
         prebuild(sglang_builders(apis["sglang"], cases), info)

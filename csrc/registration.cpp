@@ -57,6 +57,24 @@ TORCH_LIBRARY(dsv4, m) {
   // the compressed rows out [W, head_dim] or into one partial out [3, W, head_dim].
   m.def("merge_partials(Tensor partials, Tensor? max_m, Tensor(a!) out) -> ()");
 
+  // ---- speculative decoding with the online cr=128 state (contract 9) ------------------------
+  // Fold the num_verify_tokens rows of each request (row b*D + step) into its committed state
+  // (slot req) and stage the state after token step at slot req + (step+1)*state_slot_stride.
+  m.def(
+      "online_c128_mtp_write_prefix_states(Tensor kv_score_input, Tensor seq_lens, "
+      "Tensor req_pool_indices, Tensor req_to_token, Tensor ape, Tensor(a!) state, "
+      "int batch_size, int num_verify_tokens, int state_slot_stride, int head_dim) -> ()");
+  // pending_seq_lens[:num_req_slots] = -1, then pending_seq_lens[req[b]] = seq_lens[b].
+  m.def(
+      "online_c128_mtp_mark_pending(Tensor seq_lens, Tensor req_pool_indices, "
+      "Tensor(a!) pending_seq_lens, int batch_size, int num_req_slots) -> ()");
+  // Copy the bank of each request's accepted prefix (seq_lens - pending, clamped to
+  // [0, num_verify_tokens]) into its main slot.
+  m.def(
+      "online_c128_mtp_commit_pending(Tensor seq_lens, Tensor req_pool_indices, "
+      "Tensor req_to_token, Tensor pending_seq_lens, Tensor(a!) state, int batch_size, "
+      "int num_verify_tokens, int state_slot_stride, int num_req_slots, int head_dim) -> ()");
+
   // ---- compress_norm_rope_store (contract 4) --------------------------------------------------
   // RMSNorm + RoPE (+ Hadamard for the indexer) + quantised scatter into the paged cache.
   // store_format: "fp8_ds_mla" | "bf16" | "fp8_indexer" | "fp4_indexer"; layout: the cache

@@ -12,6 +12,10 @@ V4.1's ratio-1 / ratio-2 compressors and stores (dsv4_ops.low_ratio) take the re
 engine's signatures: `c1_decode_norm_rope_store`, `c2_decode_norm_rope_store`,
 `c2_prefill_norm_rope_store`, `fused_store_cache`, `index_k_norm_rope_pack_store`.
 
+The speculative-decoding ops of the online cr = 128 state (dsv4_ops.spec) take the reference
+engine's signatures too: `online_c128_mtp_write_prefix_states`, `online_c128_mtp_mark_pending`,
+`online_c128_mtp_commit_pending`.
+
 `dsv4_ops.testing` holds the plain-PyTorch oracle (`dsv4_ops.testing.reference`), the
 simulated serving engine and the builder of test worlds; `dsv4_ops.distributed` the
 context-parallel prefill over torch.distributed (`cp_compress`). Both are imported on demand.
@@ -25,6 +29,9 @@ from .low_ratio import (c1_decode_norm_rope_store, c2_decode_norm_rope_store,
                         c2_prefill_norm_rope_store, fused_store_cache,
                         index_k_norm_rope_pack_store, low_ratio_out_loc)
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
+from . import spec
+from .spec import (max_verify_tokens, online_c128_mtp_commit_pending,
+                   online_c128_mtp_mark_pending, online_c128_mtp_write_prefix_states)
 from .validate import set_debug, validate_compress, validate_store
 
 __all__ = [
@@ -35,5 +42,7 @@ __all__ = [
     "window_size", "KVLayout", "is_valid_kv_layout_pair", "pair_ring_size",
     "c1_decode_norm_rope_store", "c2_decode_norm_rope_store", "c2_prefill_norm_rope_store",
     "fused_store_cache", "index_k_norm_rope_pack_store", "low_ratio_out_loc",
+    "spec", "max_verify_tokens", "online_c128_mtp_write_prefix_states",
+    "online_c128_mtp_mark_pending", "online_c128_mtp_commit_pending",
 ]
 from ._library import VERSION as __version__  # pyproject.toml's version, as the build recorded it

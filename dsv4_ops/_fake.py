@@ -589,3 +589,101 @@ def _(x, loc, freqs_rows, kvcache, page_size, layout):
         _rows(freqs_rows, op, "freqs_rows", n, _ROPE_DIM, torch.float32)
     _layout_cache(kvcache, kv_layout, page_size, op)
     return None
+
+
+# ---- speculative decoding with the online cr = 128 state (csrc/spec/spec_checks.h) ----------
+
+def _spec_index(t, op, arg, batch, dev) -> None:
+    _dtype(t, op, arg, *_INDEX)
+    _dim(t, op, arg, 1)
+    _contiguous(t, op, arg)
+    _device(t, dev, op, arg)
+    _check(batch <= t.shape[0], op, arg,
+           lambda: f"has {t.shape[0]} entries, fewer than batch_size {batch}")
+
+
+def _spec_req_to_token(t, op, dev) -> None:
+    _dtype(t, op, "req_to_token", torch.int32)
+    _dim(t, op, "req_to_token", 2)
+    _device(t, dev, op, "req_to_token")
+
+
+def _spec_pending(t, op, num_req_slots, dev) -> None:
+    _dtype(t, op, "pending_seq_lens", torch.int64)
+    _dim(t, op, "pending_seq_lens", 1)
+    _contiguous(t, op, "pending_seq_lens")
+    _device(t, dev, op, "pending_seq_lens")
+    _check(0 <= num_req_slots <= t.shape[0], op, "num_req_slots",
+           lambda: f"must lie in [0, {t.shape[0]}] (the entries of pending_seq_lens), got "
+                   f"{num_req_slots}")
+
+
+def _spec_state(state, op, head_dim) -> None:
+    _check(head_dim in (128, 512), op, "head_dim", lambda: f"must be 128 or 512, got {head_dim}")
+    _dtype(state, op, "state", torch.float32, torch.bfloat16)
+    _check(state.dim() >= 2 and state.shape[-1] == 3 * head_dim, op, "state",
+           lambda: f"must be [num_slots, {3 * head_dim}] (m | S | K rows, any leading shape), "
+                   f"got shape {list(state.shape)}")
+    _contiguous(state, op, "state")
+
+
+def _spec_verify(op, num_verify_tokens, state_slot_stride) -> None:
+    _check(num_verify_tokens >= 1, op, "num_verify_tokens",
+           lambda: f"must be at least 1, got {num_verify_tokens}")
+    _check(state_slot_stride >= 1, op, "state_slot_stride",
+           lambda: f"must be at least 1, got {state_slot_stride}")
+
+
+@torch.library.register_fake("dsv4::online_c128_mtp_write_prefix_states")
+def _(kv_score_input, seq_lens, req_pool_indices, req_to_token, ape, state, batch_size,
+      num_verify_tokens, state_slot_stride, head_dim):
+    op = "online_c128_mtp_write_prefix_states"
+    _spec_state(state, op, head_dim)
+    dev = state.device
+    _dtype(kv_score_input, op, "kv_score_input", torch.float32, torch.bfloat16)
+    _dim(kv_score_input, op, "kv_score_input", 2)
+    _check(kv_score_input.shape[1] == 2 * head_dim, op, "kv_score_input",
+           lambda: f"must have {2 * head_dim} columns (kv | score), got shape "
+                   f"{list(kv_score_input.shape)}")
+    _strided_rows(kv_score_input, op, "kv_score_input")
+    _device(kv_score_input, dev, op, "kv_score_input")
+    _dtype(ape, op, "ape", torch.float32, torch.bfloat16, torch.float16)
+    _check(ape.dim() == 2 and tuple(ape.shape) == (128, head_dim), op, "ape",
+           lambda: f"must be [128, {head_dim}], got shape {list(ape.shape)}")
+    _contiguous(ape, op, "ape")
+    _device(ape, dev, op, "ape")
+    _spec_req_to_token(req_to_token, op, dev)
+    batch = max(batch_size, 0)
+    _spec_index(seq_lens, op, "seq_lens", batch, dev)
+    _spec_index(req_pool_indices, op, "req_pool_indices", batch, dev)
+    _spec_verify(op, num_verify_tokens, state_slot_stride)
+    _check(batch * num_verify_tokens <= kv_score_input.shape[0], op, "kv_score_input",
+           lambda: f"has {kv_score_input.shape[0]} rows, fewer than batch_size x "
+                   f"num_verify_tokens = {batch * num_verify_tokens}")
+    return None
+
+
+@torch.library.register_fake("dsv4::online_c128_mtp_mark_pending")
+def _(seq_lens, req_pool_indices, pending_seq_lens, batch_size, num_req_slots):
+    op = "online_c128_mtp_mark_pending"
+    dev = pending_seq_lens.device
+    batch = max(batch_size, 0)
+    _spec_pending(pending_seq_lens, op, num_req_slots, dev)
+    _spec_index(seq_lens, op, "seq_lens", batch, dev)
+    _spec_index(req_pool_indices, op, "req_pool_indices", batch, dev)
+    return None
+
+
+@torch.library.register_fake("dsv4::online_c128_mtp_commit_pending")
+def _(seq_lens, req_pool_indices, req_to_token, pending_seq_lens, state, batch_size,
+      num_verify_tokens, state_slot_stride, num_req_slots, head_dim):
+    op = "online_c128_mtp_commit_pending"
+    _spec_state(state, op, head_dim)
+    dev = state.device
+    batch = max(batch_size, 0)
+    _spec_index(seq_lens, op, "seq_lens", batch, dev)
+    _spec_index(req_pool_indices, op, "req_pool_indices", batch, dev)
+    _spec_req_to_token(req_to_token, op, dev)
+    _spec_pending(pending_seq_lens, op, num_req_slots, dev)
+    _spec_verify(op, num_verify_tokens, state_slot_stride)
+    return None

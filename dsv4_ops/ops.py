@@ -230,3 +230,34 @@ def kv_store_op(x: torch.Tensor, loc: torch.Tensor, freqs_rows: Optional[torch.T
     if validate.debug_enabled():
         validate.validate_kv_store(loc, kvcache, page_size)
     _ops.kv_store(x, loc, freqs_rows, kvcache, page_size, _layout_name(layout))
+
+
+def online_c128_mtp_write_prefix_states_op(kv_score_input: torch.Tensor, seq_lens: torch.Tensor,
+                                           req_pool_indices: torch.Tensor,
+                                           req_to_token: torch.Tensor, ape: torch.Tensor,
+                                           state: torch.Tensor, batch_size: int,
+                                           num_verify_tokens: int, state_slot_stride: int,
+                                           head_dim: int) -> None:
+    """Stage the online cr=128 state after each verify token (contract 9.2); writes `state`."""
+    _ops.online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indices,
+                                             req_to_token, ape, state, batch_size,
+                                             num_verify_tokens, state_slot_stride, head_dim)
+
+
+def online_c128_mtp_mark_pending_op(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor,
+                                    pending_seq_lens: torch.Tensor, batch_size: int,
+                                    num_req_slots: int) -> None:
+    """Record the verify batch's committed lengths (contract 9.3); writes `pending_seq_lens`."""
+    _ops.online_c128_mtp_mark_pending(seq_lens, req_pool_indices, pending_seq_lens, batch_size,
+                                      num_req_slots)
+
+
+def online_c128_mtp_commit_pending_op(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor,
+                                      req_to_token: torch.Tensor, pending_seq_lens: torch.Tensor,
+                                      state: torch.Tensor, batch_size: int,
+                                      num_verify_tokens: int, state_slot_stride: int,
+                                      num_req_slots: int, head_dim: int) -> None:
+    """Commit each request's accepted prefix into its main slot (contract 9.4); writes `state`."""
+    _ops.online_c128_mtp_commit_pending(seq_lens, req_pool_indices, req_to_token,
+                                        pending_seq_lens, state, batch_size, num_verify_tokens,
+                                        state_slot_stride, num_req_slots, head_dim)

@@ -6,6 +6,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import ops
+from .spec import max_verify_tokens
 
 _INVALID_COMPRESS_RECORD = (-1, 0, -1, -1)  # as int32 words (contract 3.1)
 _INVALID_WRITE_RECORD = (-1, -1)
@@ -100,6 +101,26 @@ class CompressorDecodePlan(NamedTuple):
                                                state_slot_offset))
 
 
+def _verify_lengths(op: str, compress_ratio: Optional[int], ring_size: Optional[int],
+                    seq_lens: torch.Tensor, num_verify_tokens: int, device: torch.device):
+    """(seq_lens + D, extend_lens = D, B * D) of a verify step of D tokens per request, on the
+    device of seq_lens (no host sync), after the ring check of contract 9.1."""
+    d = int(num_verify_tokens)
+    if d < 1:
+        raise ValueError(f"dsv4.{op}: num_verify_tokens must be at least 1, got {d}")
+    if compress_ratio is not None:
+        cap = max_verify_tokens(compress_ratio, ring_size)
+        if d > cap:
+            raise ValueError(
+                f"dsv4.{op}: num_verify_tokens {d} is more than a ring of {ring_size} rows holds "
+                f"for compress_ratio {compress_ratio} (at most {cap}: a verify token at position "
+                f"p overwrites the row of p - {ring_size}, which a later window may still read "
+                f"once the token is rejected); a ring of R > window rows holds R - window + 2")
+    seq = _i64(seq_lens, op, "seq_lens", device)
+    ext = torch.full_like(seq, d)
+    return seq + d, ext, int(seq.shape[0]) * d
+
+
 def _trim(plan_c, plan_w, counts, use_cuda_graph):
     """Trim padded plans to their valid rows when that count is on the host: host lengths,
     no CUDA-graph capture requested and not tracing (contract 3.3)."""
@@ -167,3 +188,46 @@ class CompressorPrefillPlan(NamedTuple):
             int(num_q_tokens), state_slot_offset)
         plan_c, plan_w = _trim(plan_c, plan_w, counts, use_cuda_graph)
         return cls(128, plan_c, plan_w, counts)
+
+    # ---- verify steps (contract 9.1): D tokens per request after the committed seq_lens ------
+
+    @classmethod
+    def generate_verify(cls, compress_ratio: int, req_pool_indices: torch.Tensor,
+                        seq_lens: torch.Tensor, num_verify_tokens: int,
+                        req_to_token: torch.Tensor, full_to_state: torch.Tensor,
+                        swa_page_size: int, ring_size: int, use_cuda_graph: bool = True,
+                        use_req_ring: bool = False) -> "CompressorPrefillPlan":
+        """The prefill plan of a verify step (extend = num_verify_tokens for every request,
+        `seq_lens` the committed lengths). Raises if the ring cannot hold that many verify
+        tokens (dsv4_ops.spec.max_verify_tokens)."""
+        op = "CompressorPrefillPlan.generate_verify"
+        seq, ext, nq = _verify_lengths(op, compress_ratio, ring_size, seq_lens,
+                                       num_verify_tokens, req_to_token.device)
+        return cls.generate(compress_ratio, req_pool_indices, seq, ext, req_to_token,
+                            full_to_state, swa_page_size, ring_size, nq, use_cuda_graph,
+                            use_req_ring)
+
+    @classmethod
+    def generate_verify_legacy(cls, compress_ratio: int, req_pool_indices: torch.Tensor,
+                               seq_lens: torch.Tensor, num_verify_tokens: int, device,
+                               use_cuda_graph: bool = True) -> "CompressorPrefillPlan":
+        """As generate_verify with legacy slots (a ring of one window)."""
+        op = "CompressorPrefillPlan.generate_verify_legacy"
+        seq, ext, nq = _verify_lengths(op, compress_ratio, 8 if compress_ratio == 4 else 128,
+                                       seq_lens, num_verify_tokens, torch.device(device))
+        return cls.generate_legacy(compress_ratio, req_pool_indices, seq, ext, nq, device,
+                                   use_cuda_graph)
+
+    @classmethod
+    def generate_online_verify(cls, seq_lens: torch.Tensor, num_verify_tokens: int,
+                               req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                               use_cuda_graph: bool = True,
+                               state_slot_offset: int = 0) -> "CompressorPrefillPlan":
+        """The online prefill plan of a verify step; `state_slot_offset` is the bank stride of
+        the staging ops (contract 9.2): the trailing segment lands in bank 1, which
+        online_c128_mtp_write_prefix_states then overwrites with the per-token states."""
+        op = "CompressorPrefillPlan.generate_online_verify"
+        seq, ext, nq = _verify_lengths(op, None, None, seq_lens, num_verify_tokens,
+                                       req_to_token.device)
+        return cls.generate_online(seq, ext, req_pool_indices, req_to_token, nq, use_cuda_graph,
+                                   state_slot_offset)

@@ -13,6 +13,7 @@ whole-sequence reference (dsv4_ops.testing.reference_v41).
 """
 import argparse
 import os
+import random
 import sys
 import time
 
@@ -107,11 +108,32 @@ def run_v4(args) -> int:
         spec.truncate(f, pf + accept_f)
         run(spec, [(e, 1), (f, 1)])
     final += [e, f]
+
+    # The online cr=128 running state rolls back through the draft ops (docs/contract.md 9):
+    # banks staged per verify token, the accepted prefix committed at the next step.
+    print("speculative decoding with the online cr=128 state (stage, mark, commit), verify "
+          "widths 1..8, random acceptance:")
+    online = ServingSimulator(
+        deepseek_v4_compressors(indexer_stores=("fp8_indexer", "fp4_indexer"),
+                                c128_addressing="online"),
+        device=args.device, max_requests=2, max_context=512, seed=args.seed + 2,
+        speculative=True, raise_on_mismatch=False)
+    g, h = online.add_request("g"), online.add_request("h")
+    run(online, [(g, 120), (h, 9)])
+    rng = random.Random(args.seed)
+    for _ in range(args.decode_steps):
+        d = rng.randint(1, 8)
+        pg, ph = g.seq_len, h.seq_len
+        run(online, [(g, d), (h, d)], "verify")
+        online.truncate(g, pg + rng.randint(1, d))
+        online.truncate(h, ph + rng.randint(1, d))
+    run(online, [(g, 1), (h, 1)])
+    final += [g, h]
     elapsed = time.perf_counter() - t0
 
     print("-" * len(head))
     lens = ", ".join(f"{r.name}={r.seq_len}" for r in final)
-    print(f"{sim.steps + spec.steps} steps in {elapsed:.1f} s; final lengths {lens}")
+    print(f"{sim.steps + spec.steps + online.steps} steps in {elapsed:.1f} s; final lengths {lens}")
     if failures:
         print(f"FAILED: {len(failures)} mismatches")
         for f in failures[:30]:

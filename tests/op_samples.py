@@ -139,3 +139,34 @@ def cp_samples(device):
         partials[:1].contiguous(), partials[:, 0].amax(0).contiguous(),
         torch.empty((3, windows, hd), device=dev)))
     return samples
+
+
+# ---- speculative decoding (contract 9) ---------------------------------------------------------
+
+def spec_samples(device):
+    """name -> (op, args) of the online cr 128 draft ops: staging (fp32 and bf16 state, a chunk
+    closing inside the verify), mark and commit (every entry commits something)."""
+    ops = torch.ops.dsv4
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(11)
+    hd, B, D, stride = 128, 3, 4, 5
+    samples = {}
+    seq = torch.tensor([3, 126, 200], device=dev)
+    req = torch.tensor([1, 0, 4], device=dev)
+    r2t = torch.zeros(stride, 4, dtype=torch.int32, device=dev)
+    for dtype in (torch.float32, torch.bfloat16):
+        state = torch.randn(stride * (D + 1), 3 * hd, generator=g)
+        state[:, hd:2 * hd].abs_().add_(0.5)
+        samples[f"write_prefix_states_{str(dtype).split('.')[-1]}"] = (
+            ops.online_c128_mtp_write_prefix_states, (
+                torch.randn(B * D, 2 * hd, generator=g).to(dev), seq, req, r2t,
+                torch.randn(128, hd, generator=g).to(dev), state.to(dev, dtype), B, D, stride,
+                hd))
+    samples["mark_pending"] = (ops.online_c128_mtp_mark_pending, (
+        seq, req, torch.zeros(stride, dtype=torch.int64, device=dev), B, stride))
+    pending = torch.full((stride,), -1, dtype=torch.int64, device=dev)
+    pending[req] = seq
+    samples["commit_pending"] = (ops.online_c128_mtp_commit_pending, (
+        seq + torch.tensor([1, 2, 3], device=dev), req, r2t, pending,
+        torch.randn(stride * (D + 1), 3 * hd, generator=g).to(dev), B, D, stride, stride, hd))
+    return samples

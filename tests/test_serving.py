@@ -3,6 +3,8 @@ and compress_norm_rope_store the way a serving engine does, step after step, and
 compressed token against dsv4_ops.testing.reference (whole-sequence oracle), every byte of the
 compressed caches against a reference-written shadow, and every state-buffer row (rows no
 step persists must stay untouched). A step that disagrees raises SimulationMismatch."""
+import random
+
 import pytest
 import torch
 
@@ -188,6 +190,32 @@ def test_speculative_verify_cr128(device):
     for widths, keeps in rounds:
         _verify_round(sim, [a, b], widths, keeps)
         decode_steps(sim, [a, b], 2)
+
+
+def test_speculative_verify_online(device):
+    """The online cr=128 state with the draft ops (contract 9): verify widths 1..8, every accept
+    length, chunks closing inside a verify, decode and extend steps after a verify, beside an
+    offline c4 compressor; every step checked against the oracle (banks and committed slot)."""
+    sim = make_sim(device, [c128_main(addressing="online"), idx(),
+                            CompressorConfig(128, 512, "fp8_ds_mla", "online",
+                                             state_dtype=torch.bfloat16,
+                                             name="c128_online_bf16")],
+                   speculative=True, max_context=1280)
+    a, b = sim.add_request(), sim.add_request()
+    step(sim, [(a, 120), (b, 3)])
+    rng = random.Random(5)
+    for i in range(14):
+        d = rng.randint(1, 8)
+        _verify_round(sim, [a, b], (d, d), (rng.randint(1, d), rng.randint(1, d)))
+        if i % 5 == 4:
+            step(sim, [(a, 1), (b, 1)], "decode")
+        if i % 7 == 6:
+            step(sim, [(a, 2), (b, 1)], "extend")
+    with pytest.raises(ValueError, match="one width"):
+        step(sim, [(a, 2), (b, 3)], "verify")
+    step(sim, [(a, 3), (b, 3)], "verify")
+    with pytest.raises(ValueError, match="carry every verified request"):
+        step(sim, [(a, 1)], "decode")
 
 
 def test_truncate_rules(device):

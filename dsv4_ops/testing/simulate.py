@@ -39,7 +39,12 @@ Typical use::
     sim.step([(a, 5), (b, 0)])               # extend (b idles in the batch)
 
 Speculative decoding (``speculative=True``: rings 16 / 256) verifies ``w`` draft tokens with an
-extend step and then keeps ``k`` of them with ``sim.truncate(request, length)``. With
+extend step and then keeps ``k`` of them with ``sim.truncate(request, length)``. An online
+cr = 128 compressor then keeps ``1 + MAX_VERIFY`` banks of state slots and a ``"verify"`` step
+(every request the same width) runs the draft ops of contract 9: ``commit_pending`` at the start
+of the next step, ``mark_pending``, the online verify plan and ``write_prefix_states``
+(:class:`_OnlineDrafts`); the checker expects each bank to hold the online state after its
+verify token and the committed slot the state of the accepted prefix. With
 ``use_cuda_graph=True`` the prefill plans are padded to ``num_q_tokens`` rows (more than the
 real token count) and decode batches are padded with a dummy request, as CUDA-graph replay
 does; ``lengths_on_device=True`` hands the planners device-side lengths.
@@ -59,6 +64,10 @@ from . import reference, worlds
 from ..compressor import compress_forward, compress_norm_rope_store
 from ..layout import STORE_FORMATS, Compressor, kv_score_row_width, window_size
 from ..plans import CompressorDecodePlan, CompressorPrefillPlan
+from .. import spec as _spec
+
+# Verify tokens a speculative simulator's online state has banks for (7 drafts + the bonus).
+MAX_VERIFY = 8
 
 
 class SimulationMismatch(AssertionError):
@@ -156,6 +165,7 @@ class Request:
     evicted_swa: int = 0           # SWA page indices below this are evicted
     rollback_floor: int = 0        # truncate() may not go below this length
     last_width: int = 0            # tokens of the last step (verify width for truncate)
+    last_kind: str = ""            # kind of the last step ("verify": online banks are staged)
     reference_tokens: Dict[str, Dict[int, torch.Tensor]] = field(default_factory=dict, repr=False)
     finished: bool = False
 
@@ -226,8 +236,11 @@ class _Compressor:
         # The flat state buffer and the view the ops take (contract 2). It starts as NaN: a kernel
         # that reads a row nobody wrote (e.g. the absent rows of the first cr = 4 window,
         # whatever page the record names) poisons its output.
+        # Online and speculative: 1 + MAX_VERIFY banks of num_req_rows slots (contract 9.2).
+        self.bank_stride = sim.num_req_rows if cfg.is_online and sim.speculative else 0
         self.state = worlds.fill_state(
             layout.state_buffer(num_requests=sim.num_req_rows, num_swa_pages=sim.num_swa_pages,
+                                state_slot_offset=self.bank_stride * MAX_VERIFY,
                                 device=dev), "nan")
         slots, width = self.state.shape
         self.state_view = self.state.view(slots, 1, width) if cfg.is_online else \
@@ -313,6 +326,8 @@ class ServingSimulator:
         self.freqs_cis_dev = self.freqs_cis.to(self.device)
 
         self.compressors = [_Compressor(c, self, self._gen) for c in compressors]
+        online = [c for c in self.compressors if c.cfg.is_online]
+        self._drafts = _OnlineDrafts(self, online) if speculative and online else None
         if swa_window is not None:
             rings = [c.ring for c in self.compressors if c.cfg.addressing == "swa_paged"]
             if swa_window < max(rings, default=0) + 8:
@@ -425,10 +440,13 @@ class ServingSimulator:
         <= the rings' pad, keeping at least the first verified token."""
         if not self.speculative:
             raise ValueError("truncate() needs a speculative simulator (rings with draft room)")
-        bad = [c.cfg.name for c in self.compressors if c.cfg.addressing in ("online", "legacy")]
+        bad = [c.cfg.name for c in self.compressors if c.cfg.addressing == "legacy"]
         if bad:
             raise ValueError(f"compressors {bad} keep no draft room and cannot roll back")
-        pad = min(c.pad for c in self.compressors)
+        if req.last_kind != "verify" and any(c.cfg.is_online for c in self.compressors):
+            raise ValueError("an online compressor rolls back only after a \"verify\" step "
+                             "(its staged banks)")
+        pad = min(c.pad if not c.cfg.is_online else MAX_VERIFY for c in self.compressors)
         if req.last_width > pad:
             raise ValueError(f"verify width {req.last_width} exceeds the rings' pad {pad}")
         if not req.rollback_floor <= length <= req.seq_len:
@@ -487,6 +505,7 @@ class ServingSimulator:
 
         prefixes = [r.seq_len for r, _ in entries]
         widths = [n for _, n in entries]
+        drafts = self._drafts.begin(entries, prefixes, kind) if self._drafts else None
         for (req, n), prefix in zip(entries, prefixes):
             self._map_positions(req, prefix, prefix + n)
             for comp in self.compressors:
@@ -505,12 +524,15 @@ class ServingSimulator:
         # ---- the engine's part: plan once per (ratio, addressing, ring), then every layer ----
         self._sync()
         t0 = time.perf_counter()
+        if drafts:
+            drafts.commit_and_mark(run)
         plans = {}
         outputs = {}
         for comp in self.compressors:
             cfg = comp.cfg
             if comp.plan_key not in plans:
-                plans[comp.plan_key] = run.make_plan(comp)
+                plans[comp.plan_key] = (drafts.make_plan(comp) if drafts and drafts.verify
+                                        and cfg.is_online else run.make_plan(comp))
             plan = plans[comp.plan_key]
             out = None
             if cfg.out_dtype is not None:
@@ -525,6 +547,8 @@ class ServingSimulator:
                 kvcache=comp.cache, page_size=comp.cache_page_size,
                 use_fp4=cfg.store_format == "fp4_indexer", bf16_store=cfg.store_format == "bf16")
             outputs[cfg.name] = kv
+            if drafts and drafts.verify and cfg.is_online:
+                drafts.stage(comp, run)
         self._sync()
         op_seconds = time.perf_counter() - t0
 
@@ -534,6 +558,7 @@ class ServingSimulator:
             # Only a speculative engine rolls back, and never past the first verified token.
             req.rollback_floor = prefix + min(n, 1) if self.speculative else prefix + n
             req.last_width = n
+            req.last_kind = kind
 
         # ---- checks against the reference ----
         t1 = time.perf_counter()
@@ -552,7 +577,7 @@ class ServingSimulator:
                 plan = plans[comp.plan_key]
                 failures += _check_outputs(comp, outputs[cfg.name], evs, plan, report)
                 failures += _check_cache(comp, outputs[cfg.name], evs, cache_before, report)
-                failures += _check_state(self, comp, run, state_before, report)
+                failures += _check_state(self, comp, run, state_before, report, drafts)
         check_seconds = time.perf_counter() - t1
 
         if self.swa_window is not None:
@@ -692,6 +717,96 @@ class _StepInputs:
             cr, rpi, seq_lens, extend_lens, sim.req_to_token, sim.full_to_state,
             sim.swa_page_size, comp.ring, self.num_q_tokens, use_cuda_graph=graph,
             use_req_ring=use_req_ring)
+
+
+class _OnlineDrafts:
+    """The engine's part of contract 9 for the online compressors of a speculative simulator:
+    the pending lengths (one tensor for every online layer, as an engine's pool holds them), the
+    commit at the start of the step after a verify, the mark, the online verify plan (bank
+    stride as state_slot_offset) and the staging after compress_forward; and the state rows the
+    checker expects from them."""
+
+    def __init__(self, sim: ServingSimulator, comps: List[_Compressor]):
+        self.sim, self.comps = sim, comps
+        self.pending = torch.full((sim.num_req_rows,), -1, dtype=torch.int64, device=sim.device)
+        self.pending_host: Dict[int, int] = {}  # rid -> committed length at the last verify
+        self.last_d = 0                         # width of that verify (0: nothing pending)
+        self.verify, self.d = False, 0
+
+    def begin(self, entries, prefixes, kind: str) -> "_OnlineDrafts":
+        self.entries, self.prefixes = entries, prefixes
+        self.verify = kind == "verify"
+        if self.verify:
+            widths = {n for _, n in entries}
+            d = widths.pop() if len(widths) == 1 else 0
+            if not 1 <= d <= MAX_VERIFY:
+                raise ValueError(f"a verify step with an online compressor needs one width in "
+                                 f"[1, {MAX_VERIFY}] for every request, got "
+                                 f"{sorted(n for _, n in entries)}")
+            self.d = d
+        in_batch = {r.rid for r, _ in entries}
+        lost = [rid for rid in self.pending_host
+                if rid not in in_batch and rid in self.sim.requests]
+        if self.last_d and lost:
+            raise ValueError(f"the step after a verify must carry every verified request (its "
+                             f"accepted state is committed then, contract 9.4); missing rows "
+                             f"{lost}")
+        # The commits the step makes: rid -> (request, committed length).
+        self.committed: Dict[int, Tuple[Request, int]] = {}
+        if self.last_d:
+            for (req, _), p in zip(entries, prefixes):
+                old = self.pending_host.get(req.rid)
+                acc = 0 if old is None else max(0, min(p - old, self.last_d))
+                if acc > 0 and (old + acc) % 128:
+                    self.committed[req.rid] = (req, p)
+        return self
+
+    def commit_and_mark(self, run: "_StepInputs") -> None:
+        sim = self.sim
+        dev = sim.device
+        self.rids = torch.tensor([r.rid for r, _ in self.entries], dtype=torch.int64, device=dev)
+        self.seq = torch.tensor(self.prefixes, dtype=torch.int64, device=dev)
+        B = len(self.entries)
+        if self.last_d:
+            for comp in self.comps:
+                _spec.online_c128_mtp_commit_pending(
+                    self.seq, self.rids, sim.req_to_token, self.pending, comp.state, B,
+                    self.last_d, comp.bank_stride, sim.num_req_rows, head_dim=comp.cfg.head_dim)
+            self.last_d, self.pending_host = 0, {}
+        if self.verify:
+            comp = self.comps[0]
+            _spec.online_c128_mtp_mark_pending(self.seq, self.rids, self.pending, B,
+                                               sim.num_req_rows, head_dim=comp.cfg.head_dim,
+                                               state_dtype=comp.cfg.state_dtype)
+            self.pending_host = {r.rid: p for (r, _), p in zip(self.entries, self.prefixes)}
+            self.last_d = self.d
+
+    def make_plan(self, comp: _Compressor):
+        return CompressorPrefillPlan.generate_online_verify(
+            self.seq, self.d, self.rids, self.sim.req_to_token,
+            use_cuda_graph=self.sim.use_cuda_graph, state_slot_offset=comp.bank_stride)
+
+    def stage(self, comp: _Compressor, run: "_StepInputs") -> None:
+        _spec.online_c128_mtp_write_prefix_states(
+            run.inputs[comp.cfg.name], self.seq, self.rids, self.sim.req_to_token, comp.ape_dev,
+            comp.state, len(self.entries), self.d, comp.bank_stride, head_dim=comp.cfg.head_dim)
+
+    def expected_writes(self, comp: _Compressor, run: "_StepInputs"):
+        """{slot: (request, seq_len, row)} as _expected_state_writes: the commits, then (a
+        verify) compress_forward's trailing segment in bank 1 and each token's staged bank."""
+        writes = {rid: (req, p, 0) for rid, (req, p) in self.committed.items()}
+        if not self.verify:
+            writes.update(_expected_state_writes(self.sim, comp, run))
+            return writes
+        stride, row = comp.bank_stride, 0
+        for (req, d), p in zip(self.entries, self.prefixes):
+            if (p + d) % 128:
+                writes[req.rid + stride] = (req, p + d, row + d - 1)
+            for i in range(d):
+                if (p + i + 1) % 128:
+                    writes[req.rid + (i + 1) * stride] = (req, p + i + 1, row + i)
+            row += d
+        return writes
 
 
 # ------------------------------------------------------------------------------------------
@@ -993,12 +1108,16 @@ def _expected_state_writes(sim: ServingSimulator, comp: _Compressor, run: _StepI
 
 
 def _check_state(sim: ServingSimulator, comp: _Compressor, run: _StepInputs,
-                 before: torch.Tensor, report: CompressorReport) -> List[str]:
+                 before: torch.Tensor, report: CompressorReport,
+                 drafts: Optional["_OnlineDrafts"] = None) -> List[str]:
     cfg = comp.cfg
     name = f"{cfg.name} state"
     after = comp.state.detach().cpu()
     before = before.cpu()
-    writes = _expected_state_writes(sim, comp, run)
+    if drafts and cfg.is_online:
+        writes = drafts.expected_writes(comp, run)
+    else:
+        writes = _expected_state_writes(sim, comp, run)
     report.state_rows_checked = len(writes)
     fails = []
     changed = (_bits(after) != _bits(before)).any(dim=1).nonzero().flatten().tolist()
