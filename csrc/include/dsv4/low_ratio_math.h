@@ -104,23 +104,23 @@ inline float latent_sumsq(const float* x) {
 
 // Index (0..7 into {0, .5, 1, 1.5, 2, 3, 4, 6}) of a >= 0 rounded to nearest, ties to the even
 // index, saturating at 6 (NaN and a < 0 give 0): the e2m1 code, whose grid is uniform (step
-// 0.5) below 1 and a 1-mantissa-bit float from 1. Below 1: rint(2a), the low bits of the one
-// rounding of 2a + 2^23 (fmaf); from 1: the exponent and one mantissa bit of a rounded to
-// nearest even (the bits plus 2^21 - 1 plus the kept bit), as an index from 1.0's (2). The
-// threshold count (a > 0.25) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5)
-// + (a > 5) for every fp32 input (tests/test_numerics_exhaustive.py), in a third of its
-// instructions.
+// 0.5) below 1 and a 1-mantissa-bit float from 1. Below 1: rint(2a), the last bits of
+// a + 2^22 (one rounding at a unit of 0.5, ties to the even multiple); from 1: the exponent
+// and one mantissa bit of a rounded to nearest even (the bits plus 2^21 - 1 plus the kept
+// bit), as an index from 1.0's (2). The threshold count (a > 0.25) + (a >= 0.75) +
+// (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5) + (a > 5) for every fp32 input
+// (tests/test_numerics_exhaustive.py), in a third of its instructions.
 DSV4_HD uint32_t e2m1_rne_index(float a) {
   a = a > 0.0f ? a : 0.0f;
   const uint32_t u = f32_bits(a);
   const uint32_t hi = (u + (0x1fffffu - (252u << 22)) + ((u >> 22) & 1u)) >> 22;
-  return (a < 1.0f ? f32_bits(fmaf(a, 2.0f, 0x1p23f)) : hi < 7u ? hi : 7u) & 7u;
+  return (a < 1.0f ? f32_bits(a + 0x1p22f) : hi < 7u ? hi : 7u) & 7u;
 }
 // The magnitude of index e2m1_rne_index(a), computed as a float the same way: below 1 the
 // multiple of 0.5, from 1 the bits rounded to one mantissa bit, at most 6.
 DSV4_HD float e2m1_rne_value(float a) {
   a = a > 0.0f ? a : 0.0f;
-  const float lo = (fmaf(a, 2.0f, 0x1p23f) - 0x1p23f) * 0.5f;
+  const float lo = (a + 0x1p22f) - 0x1p22f;
   const uint32_t u = f32_bits(a);
   const float hi = bits_f32((u + 0x1fffffu + ((u >> 22) & 1u)) & 0xffc00000u);
   return a < 1.0f ? lo : hi < kE2m1Max ? hi : kE2m1Max;
