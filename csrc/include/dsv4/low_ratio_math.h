@@ -103,21 +103,33 @@ inline float latent_sumsq(const float* x) {
 // ---- e2m1 / e4m3 helpers -----------------------------------------------------------------------
 
 // Index (0..7 into {0, .5, 1, 1.5, 2, 3, 4, 6}) of a >= 0 rounded to nearest, ties to the even
-// index, saturating at 6 (NaN gives 0).
+// index, saturating at 6 (NaN and a < 0 give 0): the e2m1 code, whose grid is uniform (step
+// 0.5) below 1 and a 1-mantissa-bit float from 1. Below 1: rint(2a), the last bits of
+// a + 2^22 (one rounding at a unit of 0.5, ties to the even multiple); from 1: the exponent
+// and one mantissa bit of a rounded to nearest even (the bits plus 2^21 - 1 plus the kept
+// bit), as an index from 1.0's (2). The threshold count (a > 0.25) + (a >= 0.75) +
+// (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5) + (a > 5) for every fp32 input
+// (tests/test_numerics_exhaustive.py), in fewer than half its instructions.
 DSV4_HD uint32_t e2m1_rne_index(float a) {
-  return uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) +
-         uint32_t(a >= 1.75f) + uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
+  a = a > 0.0f ? a : 0.0f;
+  const uint32_t u = f32_bits(a);
+  const uint32_t hi = (u + (0x1fffffu - (252u << 22)) + ((u >> 22) & 1u)) >> 22;
+  return (a < 1.0f ? f32_bits(a + 0x1p22f) : hi < 7u ? hi : 7u) & 7u;
 }
-DSV4_HD float e2m1_grid(uint32_t index) {
-  // index / 2 below 4, then 3, 4, 6: the e2m1 magnitudes
-  return index < 4u ? 0.5f * float(index) : index == 4u ? 2.0f : index == 5u ? 3.0f
-                                                          : index == 6u ? 4.0f : 6.0f;
+// The magnitude of index e2m1_rne_index(a), computed as a float the same way: below 1 the
+// multiple of 0.5, from 1 the bits rounded to one mantissa bit, at most 6.
+DSV4_HD float e2m1_rne_value(float a) {
+  a = a > 0.0f ? a : 0.0f;
+  const float lo = (a + 0x1p22f) - 0x1p22f;
+  const uint32_t u = f32_bits(a);
+  const float hi = bits_f32((u + 0x1fffffu + ((u >> 22) & 1u)) & 0xffc00000u);
+  return a < 1.0f ? lo : hi < kE2m1Max ? hi : kE2m1Max;
 }
-// The value of an e4m3fn byte of a finite positive number.
+// The value of an e4m3fn byte of a finite positive number (the sign bit ignored): its 7 bits
+// at fp32's exponent / mantissa position are the value times 2^-120, a subnormal fp32 for the
+// e4m3 subnormals, so one exact product rebiases both.
 DSV4_HD float e4m3_value(uint8_t b) {
-  const uint32_t exp = (b >> 3) & 15u, mant = b & 7u;
-  if (exp == 0u) return float(mant) * kE4m3ScaleMin;
-  return bits_f32(((exp + 120u) << 23) | (mant << 20));
+  return bits_f32(uint32_t(b & 0x7fu) << 20) * 0x1p120f;
 }
 // ue8m0_ceil(y) for a positive normal y: its biased exponent, plus one if the mantissa is not
 // zero (the exponent byte of the smallest power of two >= y).
@@ -156,7 +168,7 @@ DSV4_HD float fake_quant_scale(float amax) {
 // magnitude 0 gives -0.
 DSV4_HD float fake_quant_value(float v, TileDivisor s) {
   const float t = quotient(v, s) + 0.0f;
-  const float m = e2m1_grid(e2m1_rne_index(fabsf(t)));
+  const float m = e2m1_rne_value(fabsf(t));
   return (t < 0.0f ? -m : m) * s.b;
 }
 
@@ -174,12 +186,14 @@ DSV4_HD uint8_t v41_exponent(float amax) {
 DSV4_HD uint8_t v41_code(float x, float inv) { return f32_to_e4m3_satfinite(x * inv); }
 
 // V41_FP4 (e2m1, one e4m3 scale per 16 dims): e4m3_rne(clamp(amax / 6, 2^-9, 448)), IEEE
-// division (unlike the fake quant's multiplier).
+// division (unlike the fake quant's multiplier). The clamp applies to amax (6 * 2^-9, 6 * 448:
+// the division is monotonic and exact at both ends), which keeps the quotient where quotient()
+// is the IEEE one (checked for every fp32 amax: tests/test_numerics_exhaustive.py); a NaN
+// gives 2^-9 as before.
 DSV4_HD uint8_t v41_fp4_scale_byte(float amax) {
-  float s = amax / kE2m1Max;
-  s = s > kE4m3ScaleMin ? s : kE4m3ScaleMin;
-  s = s < kE4m3Max ? s : kE4m3Max;
-  return f32_to_e4m3_satfinite(s);
+  float a = amax > 6.0f * kE4m3ScaleMin ? amax : 6.0f * kE4m3ScaleMin;
+  a = a < 6.0f * kE4m3Max ? a : 6.0f * kE4m3Max;
+  return f32_to_e4m3_satfinite(quotient(a, tile_divisor(kE2m1Max)));
 }
 // e2m1_rne_satfinite(x / scale), the sign bit kept for every negative x (-0 included: 0x8).
 DSV4_HD uint8_t v41_fp4_code(float x, TileDivisor scale) {
@@ -199,7 +213,7 @@ DSV4_HD float index_k_stage1_scale(float amax) {
 // e2m1_rne(clamp(k / sc, +-6)) * sc, signed (a negative k / sc rounding to 0 gives -0).
 DSV4_HD float index_k_stage1_value(float k, float sc) {
   const float t = k * (1.0f / sc);  // sc is a power of two: the exact quotient
-  const float m = e2m1_grid(e2m1_rne_index(fabsf(t)));
+  const float m = e2m1_rne_value(fabsf(t));
   return (t < 0.0f ? -m : m) * sc;
 }
 // Stage 2 (the packer) exponent of 32 stage-1 values: clamp(ue8m0_ceil(max(amax / 6, 1e-4)),

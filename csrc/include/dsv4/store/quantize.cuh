@@ -1,6 +1,6 @@
 // Lane-group amaxes and e4m3 codes of the store kernel: interleaved shuffle reductions over
-// the lanes that share a scale, and the fp32 -> e4m3 conversions (hardware on sm_89+, the
-// shared software rule of numerics.h elsewhere) with the same codes as the CPU kernel.
+// the lanes that share a scale, and the fp32 -> e4m3 conversions of four values (numerics.h's
+// e4m3x2: hardware on sm_89+, the shared software rule elsewhere), the CPU kernel's codes.
 #pragma once
 
 #include "../numerics.h"
@@ -35,20 +35,6 @@ DSV4_DEVICE float abs_max4(const float (&v)[4]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) m = fmaxf(m, fabsf(v[k]));
   return m;
-}
-
-// Two e4m3 codes (a in bits 0-7, b in bits 8-15) of f32_to_e4m3_satfinite: one hardware
-// conversion on sm_89+ (round-to-nearest-even, saturating, every NaN to 0x7f: the software
-// rule's codes for all 2^32 inputs, checked exhaustively on the H200), the shared software
-// rule elsewhere. The conversion was most of the fp8 store kernels' instruction count.
-DSV4_DEVICE uint32_t e4m3x2(float a, float b) {
-#if !defined(DSV4_HIP) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
-  unsigned short r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
-  return r;
-#else
-  return uint32_t(f32_to_e4m3_satfinite(a)) | (uint32_t(f32_to_e4m3_satfinite(b)) << 8);
-#endif
 }
 
 // Four codes of v[k] * s (ds_mla) or v[k] / s (indexer), little-endian in one word.
