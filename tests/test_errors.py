@@ -131,13 +131,6 @@ def raises_type(op: str, arg: str, fn):
     assert re.search(rf"\b{re.escape(arg)}\b", msg), msg
 
 
-@pytest.fixture
-def debug_mode():
-    dsv4_ops.set_debug(True)
-    yield
-    dsv4_ops.set_debug(False)
-
-
 def _decode_plan(w, **over):
     a = dict(compress_ratio=w.compress_ratio, req_pool_indices=w.rid, req_to_token=w.req_to_token,
              full_to_state=w.full_to_state, seq_lens=w.seq_lens, swa_page_size=64,
