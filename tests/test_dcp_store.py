@@ -37,17 +37,18 @@ class SlotGeometry(NamedTuple):
     page_bytes: int
     interleaved: bool = False
 
-    def byte_index(self, slots: torch.Tensor) -> torch.Tensor:
-        """int64 [n, data + scale]: the flat cache bytes of each slot."""
-        d, s = token_byte_offsets(slots, PS, self.data_bytes, self.scale_bytes, self.page_bytes,
-                                  self.interleaved)
+    def byte_index(self, slots: torch.Tensor, page_size: int = PS) -> torch.Tensor:
+        """int64 [n, data + scale]: the flat cache bytes of each slot (page_bytes: the pages'
+        of page_size slots)."""
+        d, s = token_byte_offsets(slots, page_size, self.data_bytes, self.scale_bytes,
+                                  self.page_bytes, self.interleaved)
         return torch.cat([d[:, None] + torch.arange(self.data_bytes),
                           s[:, None] + torch.arange(self.scale_bytes)], 1)
 
 
-def format_geometry(fmt: str) -> SlotGeometry:
+def format_geometry(fmt: str, page_size: int = PS) -> SlotGeometry:
     f = STORE_FORMATS[fmt]
-    return SlotGeometry(f.data_bytes, f.scale_stride, dsv4_ops.cache_page_bytes(fmt, PS))
+    return SlotGeometry(f.data_bytes, f.scale_stride, dsv4_ops.cache_page_bytes(fmt, page_size))
 
 
 def layout_geometry(layout) -> SlotGeometry:
