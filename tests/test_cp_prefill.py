@@ -1,9 +1,9 @@
 """Context-parallel prefill (contract 8): compress_partials and merge_partials alone (the ranks
 simulated in one process, on every device), dsv4_ops.distributed.cp_compress in real gloo
-process groups of 2 and 4 ranks (torch.multiprocessing) with a DCP store of the merged rows, and the ops through PyTorch's
-machinery (opcheck, meta tensors, torch.compile, torch.export, CUDA graphs; cp_compress
-itself captured in a CUDA graph over a one-rank NCCL group). Cases and conformance:
-tests/cp_cases.py."""
+process groups of 2 and 4 ranks (torch.multiprocessing), followed by a DCP store of the merged
+rows (contract 9), and the ops through PyTorch's machinery (opcheck, meta tensors,
+torch.compile, torch.export, CUDA graphs; cp_compress itself captured in a CUDA graph over a
+one-rank NCCL group). Cases and conformance: tests/cp_cases.py."""
 import json
 import math
 
