@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The online cr 128 draft ops alone (docs/contract.md 9): a verify step of B requests x D
+"""The online cr 128 draft ops alone (docs/contract.md 10): a verify step of B requests x D
 tokens with the staging ops (`step`: mark_pending, commit_pending, write_prefix_states),
 write_prefix_states alone (`stage`) and the commit (`commit`), through the drop-in Python layer,
 on the cases of benchmarks/peer_spec.py (the same inputs, byte model and names; the reference

@@ -63,11 +63,8 @@ def written_slots(w: C.World, store_format: str) -> int:
     """Cache slots whose token data is not all zero (the cache starts zeroed)."""
     import dsv4_ops
 
-    cache = w.kvcache(store_format)
-    per_tok = dsv4_ops.STORE_FORMATS[store_format].data_bytes  # token data first, then scales
-    ps = w.cache_page_size
-    view = cache[:, : ps * per_tok].reshape(cache.shape[0], ps, per_tok)
-    return int((view != 0).any(dim=-1).sum())
+    return C.slots_with_data(w.kvcache(store_format), w.cache_page_size,
+                             dsv4_ops.STORE_FORMATS[store_format].data_bytes)
 
 
 def _store_case(ctx, name, fmt, hd, ratio, reqs, decode: bool, padded: bool = False,

@@ -565,6 +565,13 @@ def bytes_prefill_compress(w: World, n_c: int, buf_slots: int, n_w: int) -> int:
     return read + write
 
 
+def slots_with_data(cache: torch.Tensor, page_size: int, data_bytes: int) -> int:
+    """Slots of a zeroed block-split cache (each page's token data first) whose data is not all
+    zero after a store."""
+    view = cache.view(torch.uint8)[:, : page_size * data_bytes]
+    return int((view.reshape(cache.shape[0], page_size, data_bytes) != 0).any(dim=-1).sum())
+
+
 def bytes_store(w: World, n_tok: int, n_plan_rows: int, store_format: Optional[str] = None) -> int:
     """Per stored token: read its fp32 kv row, its rope freqs row and out_loc; write its
     cache bytes (data + scales); plus the plan rows and the norm weight. (The peer model has
@@ -713,6 +720,8 @@ def markdown_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
         pct = r["frac_copy"] * 100 if r.get("frac_copy") is not None else None
         same = r["frac_same_copy"] * 100 if r.get("frac_same_copy") is not None else None
         note = r.get("error") or ""
+        if r.get("bytes_written"):
+            note = f"writes {r['bytes_written'] / 1e6:.3g} MB {note}".strip()
         if r.get("check") not in (None, "ok"):
             note = f"check: {r['check']} {note}"
         note = note.replace("|", "/").replace("\n", " ")[:160]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The online cr 128 draft ops (docs/contract.md 9) side by side with the reference engine's
+"""The online cr 128 draft ops (docs/contract.md 10) side by side with the reference engine's
 (sglang 0.5.23 `online_c128_mtp`, loaded through the peer kit), in one process.
 
 A case is a verify step of B requests x D tokens at hd 512, fp32 state and rows (the reference's
@@ -24,7 +24,7 @@ online decode); every other state row untouched by both.
 Writes spec.json and spec.md under --out; ratio = reference / dsv4_ops (> 1: dsv4_ops
 faster). Exit status: 0 all ran and conform, 1 nothing measured (imports), 2 some case failed
 or did not conform, 3 the CUDA context was lost. --selftest: tiny cases on the CPU, dsv4_ops
-against a plain-PyTorch stand-in of contract 9 (float64 folds); measures nothing meaningful.
+against a plain-PyTorch stand-in of contract 10 (float64 folds); measures nothing meaningful.
 """
 from __future__ import annotations
 

@@ -10,6 +10,8 @@
 #include <initializer_list>
 #include <string>
 
+#include "include/dsv4/dcp.h"
+
 namespace dsv4 {
 
 #define DSV4_CHECK(cond, op, arg, ...) \
@@ -101,6 +103,15 @@ inline void check_plan_tensor(const at::Tensor& t, const char* op, const char* a
   DSV4_CHECK(t.size(1) == record_bytes, op, arg, "must have ", record_bytes,
              " bytes per record, got shape ", t.sizes());
   check_contiguous(t, op, arg);
+}
+
+// The decode-context-parallel arguments of a store (dcp.h): W >= 1, 0 <= rank < W, I >= 1.
+inline const Dcp& check_dcp(const Dcp& d, const char* op) {
+  DSV4_CHECK(d.world_size >= 1, op, "dcp_world_size", "must be >= 1, got ", d.world_size);
+  DSV4_CHECK(d.rank >= 0 && d.rank < d.world_size, op, "dcp_rank",
+             "must be in [0, dcp_world_size = ", d.world_size, "), got ", d.rank);
+  DSV4_CHECK(d.interleave >= 1, op, "dcp_interleave", "must be >= 1, got ", d.interleave);
+  return d;
 }
 
 }  // namespace dsv4

@@ -4,7 +4,9 @@
 //
 // Conventions: plan tensors are uint8 [N, record_bytes] (docs/contract.md 3.1); mutated arguments are
 // annotated (a!) and the ops that mutate return nothing (destination passing), so no op
-// returns an alias of an input.
+// returns an alias of an input. Every store ends in dcp_world_size W, dcp_rank, dcp_interleave I
+// (contract 9): a rank writes only the cache entries it owns, each at its local slot; W = 1 is
+// the single-rank store.
 #include <torch/library.h>
 
 TORCH_LIBRARY(dsv4, m) {
@@ -57,7 +59,7 @@ TORCH_LIBRARY(dsv4, m) {
   // the compressed rows out [W, head_dim] or into one partial out [3, W, head_dim].
   m.def("merge_partials(Tensor partials, Tensor? max_m, Tensor(a!) out) -> ()");
 
-  // ---- speculative decoding with the online cr=128 state (contract 9) ------------------------
+  // ---- speculative decoding with the online cr=128 state (contract 10) ------------------------
   // Fold the num_verify_tokens rows of each request (row b*D + step) into its committed state
   // (slot req) and stage the state after token step at slot req + (step+1)*state_slot_stride.
   m.def(
@@ -82,7 +84,8 @@ TORCH_LIBRARY(dsv4, m) {
   m.def(
       "compress_norm_rope_store(Tensor kv, Tensor plan, Tensor norm_weight, Tensor freqs, "
       "Tensor out_loc, Tensor(a!) kvcache, bool is_decode, int compress_ratio, float eps, "
-      "int page_size, str store_format, str layout=\"v4\") -> ()");
+      "int page_size, str store_format, str layout=\"v4\", int dcp_world_size=1, "
+      "int dcp_rank=0, int dcp_interleave=1) -> ()");
 
   // ---- V4.1 ratio-1 / ratio-2 compressors and stores (contract V4.1 1 - 3) --------------------
   // layout: "v4" | "v41" | "v41_fp4" | "uniform_fp8" | "v41_new" | "v41_fp4_new".
@@ -90,26 +93,29 @@ TORCH_LIBRARY(dsv4, m) {
   m.def(
       "c1_norm_rope_store(Tensor kv, Tensor norm_weight, float eps, Tensor freqs, "
       "Tensor positions, Tensor out_loc, Tensor(a!) kvcache, int page_size, str layout, "
-      "Tensor(b!) latent) -> ()");
+      "Tensor(b!) latent, int dcp_world_size=1, int dcp_rank=0, int dcp_interleave=1) -> ()");
   // Ratio 2, decode (draft_len 1) and verify (draft_len > 1): even rows park in the pair-state
   // ring, odd rows pool with their partner, write their latent and store at raw_out_loc >> 1.
   m.def(
       "c2_norm_rope_store(Tensor kv_score, Tensor(a!) state, Tensor norm_weight, float eps, "
       "Tensor freqs, Tensor positions, Tensor req, Tensor raw_out_loc, Tensor(b!) kvcache, "
-      "int page_size, int ring_size, int draft_len, str layout, Tensor(c!) latent) -> ()");
+      "int page_size, int ring_size, int draft_len, str layout, Tensor(c!) latent, "
+      "int dcp_world_size=1, int dcp_rank=0, int dcp_interleave=1) -> ()");
   // Ratio 2, extend: in-batch partners, then each request's last min(len, ring) rows parked.
   m.def(
       "c2_prefill_norm_rope_store(Tensor kv_score, Tensor(a!) state, Tensor norm_weight, "
       "float eps, Tensor freqs, Tensor positions, Tensor req, Tensor raw_out_loc, "
       "Tensor extend_start_loc, Tensor extend_seq_lens, Tensor(b!) kvcache, int page_size, "
-      "int ring_size, str layout, Tensor(c!) latent) -> ()");
+      "int ring_size, str layout, Tensor(c!) latent, int dcp_world_size=1, int dcp_rank=0, "
+      "int dcp_interleave=1) -> ()");
   // Low-ratio index-K: RMSNorm + RoPE at the group position + two-stage fp4 into the
   // fp4_indexer page (68 bytes a slot) where loc > 0.
   m.def(
       "low_ratio_index_k_store(Tensor k, Tensor norm_weight, float eps, Tensor freqs, "
-      "Tensor positions, Tensor loc, Tensor(a!) cache, int page_size, int ratio) -> ()");
+      "Tensor positions, Tensor loc, Tensor(a!) cache, int page_size, int ratio, "
+      "int dcp_world_size=1, int dcp_rank=0, int dcp_interleave=1) -> ()");
   // Plain store of 512-dim rows into a layout (optional RoPE by per-row freqs, V41 family).
   m.def(
       "kv_store(Tensor x, Tensor loc, Tensor? freqs_rows, Tensor(a!) kvcache, int page_size, "
-      "str layout) -> ()");
+      "str layout, int dcp_world_size=1, int dcp_rank=0, int dcp_interleave=1) -> ()");
 }

@@ -19,12 +19,15 @@ engine's signatures too: `online_c128_mtp_write_prefix_states`, `online_c128_mtp
 `dsv4_ops.testing` holds the plain-PyTorch oracle (`dsv4_ops.testing.reference`), the
 simulated serving engine and the builder of test worlds; `dsv4_ops.distributed` the
 context-parallel prefill over torch.distributed (`cp_compress`). Both are imported on demand.
+Decode context parallelism: every store takes `dcp_world_size`, `dcp_rank`, `dcp_interleave`
+and writes only this rank's share of the cache (`dcp_local_slot`, `dcp_local_pages`).
 """
 from . import ops
 from .compressor import compress_forward, compress_norm_rope_store, store_format_of
 from .layout import (STORE_FORMATS, Compressor, KVLayout, StoreFormat, cache_page_bytes,
-                     is_valid_kv_layout_pair, kv_cache, kv_score_row_width, pair_ring_size,
-                     state_buffer, state_row_width, state_slots, window_size)
+                     dcp_local_pages, dcp_local_slot, is_valid_kv_layout_pair, kv_cache,
+                     kv_score_row_width, pair_ring_size, state_buffer, state_row_width,
+                     state_slots, window_size)
 from .low_ratio import (c1_decode_norm_rope_store, c2_decode_norm_rope_store,
                         c2_prefill_norm_rope_store, fused_store_cache,
                         index_k_norm_rope_pack_store, low_ratio_out_loc)
@@ -44,5 +47,6 @@ __all__ = [
     "fused_store_cache", "index_k_norm_rope_pack_store", "low_ratio_out_loc",
     "spec", "max_verify_tokens", "online_c128_mtp_write_prefix_states",
     "online_c128_mtp_mark_pending", "online_c128_mtp_commit_pending",
+    "dcp_local_slot", "dcp_local_pages",
 ]
 from ._library import VERSION as __version__  # pyproject.toml's version, as the build recorded it

@@ -59,6 +59,14 @@ def _window(cr) -> int:
     return 8 if cr == 4 else 128
 
 
+def _dcp(op, world_size, rank, interleave) -> None:
+    """csrc/op_checks.h check_dcp: the DCP arguments of a store (contract 9)."""
+    _check(world_size >= 1, op, "dcp_world_size", lambda: f"must be >= 1, got {world_size}")
+    _check(0 <= rank < world_size, op, "dcp_rank",
+           lambda: f"must be in [0, dcp_world_size = {world_size}), got {rank}")
+    _check(interleave >= 1, op, "dcp_interleave", lambda: f"must be >= 1, got {interleave}")
+
+
 def _plan_tensor(t, op, arg, record_bytes) -> None:
     _dtype(t, op, arg, torch.uint8)
     _dim(t, op, arg, 2)
@@ -335,8 +343,9 @@ _STORE_HEAD_DIM = {name: fmt.head_dim for name, fmt in STORE_FORMATS.items()}
 
 @torch.library.register_fake("dsv4::compress_norm_rope_store")
 def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio, eps, page_size,
-      store_format, layout="v4"):
+      store_format, layout="v4", dcp_world_size=1, dcp_rank=0, dcp_interleave=1):
     op = "compress_norm_rope_store"
+    _dcp(op, dcp_world_size, dcp_rank, dcp_interleave)
     _check(store_format in _STORE_HEAD_DIM, op, "store_format",
            lambda: f"must be one of fp8_ds_mla, bf16, fp8_indexer, fp4_indexer, got "
                    f"'{store_format}'")
@@ -480,8 +489,10 @@ _INDEX = (torch.int32, torch.int64)
 
 
 @torch.library.register_fake("dsv4::c1_norm_rope_store")
-def _(kv, norm_weight, eps, freqs, positions, out_loc, kvcache, page_size, layout, latent):
+def _(kv, norm_weight, eps, freqs, positions, out_loc, kvcache, page_size, layout, latent,
+      dcp_world_size=1, dcp_rank=0, dcp_interleave=1):
     op = "c1_norm_rope_store"
+    _dcp(op, dcp_world_size, dcp_rank, dcp_interleave)
     kv_layout = _layout(layout, op)
     _page_size(page_size, op)
     _eps(eps, op)
@@ -499,7 +510,8 @@ def _(kv, norm_weight, eps, freqs, positions, out_loc, kvcache, page_size, layou
 
 
 def _c2(op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, kvcache,
-        page_size, ring_size, draft_len, layout, latent) -> None:
+        page_size, ring_size, draft_len, layout, latent, dcp) -> None:
+    _dcp(op, *dcp)
     kv_layout = _layout(layout, op)
     _page_size(page_size, op)
     _eps(eps, op)
@@ -531,18 +543,20 @@ def _c2(op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_lo
 
 @torch.library.register_fake("dsv4::c2_norm_rope_store")
 def _(kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, kvcache, page_size,
-      ring_size, draft_len, layout, latent):
+      ring_size, draft_len, layout, latent, dcp_world_size=1, dcp_rank=0, dcp_interleave=1):
     _c2("c2_norm_rope_store", kv_score, state, norm_weight, eps, freqs, positions, req,
-        raw_out_loc, kvcache, page_size, ring_size, draft_len, layout, latent)
+        raw_out_loc, kvcache, page_size, ring_size, draft_len, layout, latent,
+        (dcp_world_size, dcp_rank, dcp_interleave))
     return None
 
 
 @torch.library.register_fake("dsv4::c2_prefill_norm_rope_store")
 def _(kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, extend_start_loc,
-      extend_seq_lens, kvcache, page_size, ring_size, layout, latent):
+      extend_seq_lens, kvcache, page_size, ring_size, layout, latent, dcp_world_size=1,
+      dcp_rank=0, dcp_interleave=1):
     op = "c2_prefill_norm_rope_store"
     _c2(op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, kvcache,
-        page_size, ring_size, 1, layout, latent)
+        page_size, ring_size, 1, layout, latent, (dcp_world_size, dcp_rank, dcp_interleave))
     _same_device(kvcache.device, op, extend_start_loc=extend_start_loc,
                  extend_seq_lens=extend_seq_lens)
     _dtype(extend_start_loc, op, "extend_start_loc", torch.int32)
@@ -554,8 +568,10 @@ def _(kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, ext
 
 
 @torch.library.register_fake("dsv4::low_ratio_index_k_store")
-def _(k, norm_weight, eps, freqs, positions, loc, cache, page_size, ratio):
+def _(k, norm_weight, eps, freqs, positions, loc, cache, page_size, ratio, dcp_world_size=1,
+      dcp_rank=0, dcp_interleave=1):
     op = "low_ratio_index_k_store"
+    _dcp(op, dcp_world_size, dcp_rank, dcp_interleave)
     _check(ratio in (1, 2), op, "ratio", lambda: f"must be 1 or 2, got {ratio}")
     _page_size(page_size, op)
     _eps(eps, op)
@@ -574,8 +590,10 @@ def _(k, norm_weight, eps, freqs, positions, loc, cache, page_size, ratio):
 
 
 @torch.library.register_fake("dsv4::kv_store")
-def _(x, loc, freqs_rows, kvcache, page_size, layout):
+def _(x, loc, freqs_rows, kvcache, page_size, layout, dcp_world_size=1, dcp_rank=0,
+      dcp_interleave=1):
     op = "kv_store"
+    _dcp(op, dcp_world_size, dcp_rank, dcp_interleave)
     kv_layout = _layout(layout, op)
     _page_size(page_size, op)
     _same_device(kvcache.device, op, x=x, loc=loc, freqs_rows=freqs_rows)

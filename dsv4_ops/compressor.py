@@ -121,7 +121,8 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch
                              norm_eps: float, freq_cis: torch.Tensor, out_loc: torch.Tensor,
                              kvcache: torch.Tensor, page_size: int, use_fp4: bool = False,
                              bf16_store: bool = False,
-                             layout: Union[KVLayout, str] = KVLayout.V4) -> None:
+                             layout: Union[KVLayout, str] = KVLayout.V4, dcp_world_size: int = 1,
+                             dcp_rank: int = 0, dcp_interleave: int = 1) -> None:
     """RMSNorm + RoPE (+ Hadamard for head_dim 128) of every compressed token the plan makes,
     quantised into the paged cache at out_loc. Rows that close no window write nothing.
 
@@ -133,7 +134,12 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch
 
     layout: the cache's KVLayout. Other than V4 (the V4.1 layouts, contract V4.1 4.2) only for
     head_dim 512 without use_fp4 / bf16_store: the normed and rotated values are rounded to
-    kv's dtype and all 512 dims encoded in the layout."""
+    kv's dtype and all 512 dims encoded in the layout.
+
+    dcp_world_size, dcp_rank, dcp_interleave (contract 9): decode context parallelism. out_loc
+    names global cache entries; this rank stores only those it owns
+    (`dsv4_ops.dcp_local_slot(g, ...) >= 0`), each at its local slot of kvcache (this rank's
+    cache, `dsv4_ops.dcp_local_pages` pages). The defaults are the single-rank store."""
     if kv.dim() != 2:
         raise ValueError(f"dsv4.compress_norm_rope_store: kv must be 2-D [N, head_dim], got {tuple(kv.shape)}")
     fmt = store_format_of(kv.shape[1], use_fp4, bf16_store)
@@ -141,7 +147,10 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch
     try:
         ops.compress_norm_rope_store_op(kv, plan[1], norm_weight, freqs_as_real(freq_cis),
                                         out_loc, kvcache, plan.is_decode, plan.compress_ratio,
-                                        float(norm_eps), int(page_size), fmt, kv_layout)
+                                        float(norm_eps), int(page_size), fmt, kv_layout,
+                                        dcp_world_size=int(dcp_world_size),
+                                        dcp_rank=int(dcp_rank),
+                                        dcp_interleave=int(dcp_interleave))
     except (AttributeError, IndexError, RuntimeError, TypeError, ValueError) as err:
         _check_store_args(plan, norm_eps, freq_cis, err)
         raise

@@ -216,6 +216,42 @@ def pair_ring_size(num_draft_tokens: int = 0) -> int:
     return 1 << (num_draft_tokens + 1).bit_length()
 
 
+# ---- decode context parallelism (contract 9; csrc/include/dsv4/dcp.h) ----------------------
+
+def _dcp_args(fn: str, world_size, rank, interleave) -> None:
+    for arg, v in (("world_size", world_size), ("interleave", interleave)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            _fail(fn, arg, f"must be an int >= 1, got {v!r}")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)
+                             or not 0 <= rank < world_size):
+        _fail(fn, "rank", f"must be an int in [0, world_size = {world_size}), got {rank!r}")
+
+
+def dcp_local_slot(g, world_size: int, rank: int, interleave: int = 1):
+    """The local cache slot of global entry g (an int >= 0 or an integer tensor) on DCP rank
+    `rank` of `world_size`, or -1 where another rank owns it: entry g belongs to rank
+    `(g // interleave) % world_size` and lives at its slot
+    `(g // (interleave * world_size)) * interleave + g % interleave`. world_size 1 maps every g
+    to itself. The stores' ownership rule (csrc/include/dsv4/dcp.h)."""
+    _dcp_args("dcp_local_slot", world_size, rank, interleave)
+    block = g // interleave
+    local = (block // world_size) * interleave + g % interleave
+    if isinstance(g, torch.Tensor):
+        return torch.where(block % world_size == rank, local, torch.full_like(local, -1))
+    return local if block % world_size == rank else -1
+
+
+def dcp_local_pages(num_pages: int, page_size: int, world_size: int, interleave: int = 1) -> int:
+    """Pages of page_size slots each rank's cache needs to hold every entry it owns of a global
+    cache of num_pages pages (the same for every rank: the largest share)."""
+    _dcp_args("dcp_local_pages", world_size, None, interleave)
+    ps = _check_page_size("dcp_local_pages", page_size)
+    if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 0:
+        _fail("dcp_local_pages", "num_pages", f"must be an int >= 0, got {num_pages!r}")
+    blocks = -(-num_pages * ps // (interleave * world_size))  # blocks of the fullest rank
+    return -(-blocks * interleave // ps)
+
+
 def _fail(fn: str, arg: str, msg: str):
     raise ValueError(f"dsv4_ops.{fn}: {arg} {msg}")
 

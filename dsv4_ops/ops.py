@@ -140,7 +140,8 @@ def compress_norm_rope_store_op(kv: torch.Tensor, plan: torch.Tensor, norm_weigh
                                 freqs: torch.Tensor, out_loc: torch.Tensor,
                                 kvcache: torch.Tensor, is_decode: bool, compress_ratio: int,
                                 eps: float, page_size: int, store_format: str,
-                                layout: Layout = "v4") -> None:
+                                layout: Layout = "v4", *, dcp_world_size: int = 1,
+                                dcp_rank: int = 0, dcp_interleave: int = 1) -> None:
     """Raw compress_norm_rope_store: freqs is fp32 [max_pos, 64] (cos, sin interleaved).
     A layout other than v4 (the V4.1 cache layouts) needs store_format fp8_ds_mla.
 
@@ -148,18 +149,26 @@ def compress_norm_rope_store_op(kv: torch.Tensor, plan: torch.Tensor, norm_weigh
     says for this compress_ratio; every active row's RoPE position seq_len - compress_ratio is
     a row of freqs (rows past the table store nothing) and its destination out_loc is inside
     kvcache (negative: nothing stored). page_size is the cache's: kvcache pages hold at least
-    the format's bytes for page_size and fewer than for 2 * page_size (checked always)."""
+    the format's bytes for page_size and fewer than for 2 * page_size (checked always).
+
+    dcp_world_size, dcp_rank, dcp_interleave (contract 9): out_loc names global cache entries;
+    this rank stores only those it owns, each at its local slot (dsv4_ops.dcp_local_slot) of
+    kvcache, this rank's cache. The defaults are the single-rank store."""
+    dcp = (dcp_world_size, dcp_rank, dcp_interleave)
     if validate.debug_enabled():
         validate.validate_store_rows(plan, is_decode, compress_ratio, out_loc, kvcache, page_size,
-                                     freqs.shape[0])
+                                     freqs.shape[0], dcp)
     _ops.compress_norm_rope_store(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode,
                                   compress_ratio, eps, page_size, store_format,
-                                  _layout_name(layout))
+                                  _layout_name(layout), *dcp)
 
 
 # ---- V4.1 ratio-1 / ratio-2 ops (contract V4.1 4.2): plan-free, rows addressed by their own
 # positions, request rows and slots. Rows whose ring row, cache page or RoPE position is
-# outside its buffer are skipped (errors in debug mode).
+# outside its buffer are skipped (errors in debug mode). dcp_world_size, dcp_rank and
+# dcp_interleave as for compress_norm_rope_store_op (contract 9): the cache slots are global
+# entries, stored only by the rank that owns them; the latents and the pair-state ring are
+# written on every rank.
 
 def _layout_name(layout: Layout) -> str:
     return layout.value if isinstance(layout, KVLayout) else layout
@@ -168,29 +177,33 @@ def _layout_name(layout: Layout) -> str:
 def c1_norm_rope_store_op(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                           freqs: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
                           kvcache: torch.Tensor, page_size: int, layout: Layout,
-                          latent: torch.Tensor) -> None:
+                          latent: torch.Tensor, *, dcp_world_size: int = 1, dcp_rank: int = 0,
+                          dcp_interleave: int = 1) -> None:
     """Ratio 1: every row's latent (bf16 [N, 512], padded rows too); rows with out_loc > 0 are
     rotated at pos and stored at out_loc in `layout`."""
+    dcp = (dcp_world_size, dcp_rank, dcp_interleave)
     if validate.debug_enabled():
-        validate.validate_c1(positions, out_loc, kvcache, page_size, freqs.shape[0])
+        validate.validate_c1(positions, out_loc, kvcache, page_size, freqs.shape[0], dcp)
     _ops.c1_norm_rope_store(kv, norm_weight, eps, freqs, positions, out_loc, kvcache, page_size,
-                            _layout_name(layout), latent)
+                            _layout_name(layout), latent, *dcp)
 
 
 def c2_norm_rope_store_op(kv_score: torch.Tensor, state: torch.Tensor,
                           norm_weight: torch.Tensor, eps: float, freqs: torch.Tensor,
                           positions: torch.Tensor, req: torch.Tensor, raw_out_loc: torch.Tensor,
                           kvcache: torch.Tensor, page_size: int, ring_size: int, draft_len: int,
-                          layout: Layout, latent: torch.Tensor) -> None:
+                          layout: Layout, latent: torch.Tensor, *, dcp_world_size: int = 1,
+                          dcp_rank: int = 0, dcp_interleave: int = 1) -> None:
     """Ratio 2, decode (draft_len 1) or verify (N = B * draft_len rows, blocks of consecutive
     positions): even live rows park in the ring, odd live rows write their latent and store at
     raw_out_loc >> 1; rows with raw_out_loc <= 0 write nothing."""
+    dcp = (dcp_world_size, dcp_rank, dcp_interleave)
     if validate.debug_enabled():
         validate.validate_c2(positions, req, raw_out_loc, state, kvcache, page_size, ring_size,
-                             freqs.shape[0])
+                             freqs.shape[0], dcp)
     _ops.c2_norm_rope_store(kv_score, state, norm_weight, eps, freqs, positions, req,
                             raw_out_loc, kvcache, page_size, ring_size, draft_len,
-                            _layout_name(layout), latent)
+                            _layout_name(layout), latent, *dcp)
 
 
 def c2_prefill_norm_rope_store_op(kv_score: torch.Tensor, state: torch.Tensor,
@@ -199,37 +212,44 @@ def c2_prefill_norm_rope_store_op(kv_score: torch.Tensor, state: torch.Tensor,
                                   raw_out_loc: torch.Tensor, extend_start_loc: torch.Tensor,
                                   extend_seq_lens: torch.Tensor, kvcache: torch.Tensor,
                                   page_size: int, ring_size: int, layout: Layout,
-                                  latent: torch.Tensor) -> None:
+                                  latent: torch.Tensor, *, dcp_world_size: int = 1,
+                                  dcp_rank: int = 0, dcp_interleave: int = 1) -> None:
     """Ratio 2, extend: request i owns rows [extend_start_loc[i], + extend_seq_lens[i]); odd
     live rows pair in the batch or with the ring, then each request parks its last
     min(len, ring_size) live rows."""
+    dcp = (dcp_world_size, dcp_rank, dcp_interleave)
     if validate.debug_enabled():
         validate.validate_c2_prefill(positions, req, raw_out_loc, extend_start_loc,
                                      extend_seq_lens, state, kvcache, page_size, ring_size,
-                                     freqs.shape[0])
+                                     freqs.shape[0], dcp)
     _ops.c2_prefill_norm_rope_store(kv_score, state, norm_weight, eps, freqs, positions, req,
                                     raw_out_loc, extend_start_loc, extend_seq_lens, kvcache,
-                                    page_size, ring_size, _layout_name(layout), latent)
+                                    page_size, ring_size, _layout_name(layout), latent, *dcp)
 
 
 def low_ratio_index_k_store_op(k: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                                freqs: torch.Tensor, positions: torch.Tensor, loc: torch.Tensor,
-                               cache: torch.Tensor, page_size: int, ratio: int) -> None:
+                               cache: torch.Tensor, page_size: int, ratio: int, *,
+                               dcp_world_size: int = 1, dcp_rank: int = 0,
+                               dcp_interleave: int = 1) -> None:
     """Low-ratio index keys k (bf16 [N, 128]) into the 68-byte-slot index-K cache at loc
     (rows with loc <= 0 write nothing), RoPE at pos & ~(ratio - 1)."""
+    dcp = (dcp_world_size, dcp_rank, dcp_interleave)
     if validate.debug_enabled():
-        validate.validate_index_k(positions, loc, cache, page_size, ratio, freqs.shape[0])
+        validate.validate_index_k(positions, loc, cache, page_size, ratio, freqs.shape[0], dcp)
     _ops.low_ratio_index_k_store(k, norm_weight, eps, freqs, positions, loc, cache, page_size,
-                                 ratio)
+                                 ratio, *dcp)
 
 
 def kv_store_op(x: torch.Tensor, loc: torch.Tensor, freqs_rows: Optional[torch.Tensor],
-                kvcache: torch.Tensor, page_size: int, layout: Layout) -> None:
+                kvcache: torch.Tensor, page_size: int, layout: Layout, *,
+                dcp_world_size: int = 1, dcp_rank: int = 0, dcp_interleave: int = 1) -> None:
     """Rows x (bf16 / fp32 [N, 512]) encoded in `layout` at loc (rows with loc < 0 write
     nothing); freqs_rows (fp32 [N, 64], V41 layouts only) rotates dims 448..511 first."""
+    dcp = (dcp_world_size, dcp_rank, dcp_interleave)
     if validate.debug_enabled():
-        validate.validate_kv_store(loc, kvcache, page_size)
-    _ops.kv_store(x, loc, freqs_rows, kvcache, page_size, _layout_name(layout))
+        validate.validate_kv_store(loc, kvcache, page_size, dcp)
+    _ops.kv_store(x, loc, freqs_rows, kvcache, page_size, _layout_name(layout), *dcp)
 
 
 def online_c128_mtp_write_prefix_states_op(kv_score_input: torch.Tensor, seq_lens: torch.Tensor,
@@ -238,7 +258,7 @@ def online_c128_mtp_write_prefix_states_op(kv_score_input: torch.Tensor, seq_len
                                            state: torch.Tensor, batch_size: int,
                                            num_verify_tokens: int, state_slot_stride: int,
                                            head_dim: int) -> None:
-    """Stage the online cr=128 state after each verify token (contract 9.2); writes `state`."""
+    """Stage the online cr=128 state after each verify token (contract 10.2); writes `state`."""
     _ops.online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indices,
                                              req_to_token, ape, state, batch_size,
                                              num_verify_tokens, state_slot_stride, head_dim)
@@ -247,7 +267,7 @@ def online_c128_mtp_write_prefix_states_op(kv_score_input: torch.Tensor, seq_len
 def online_c128_mtp_mark_pending_op(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor,
                                     pending_seq_lens: torch.Tensor, batch_size: int,
                                     num_req_slots: int) -> None:
-    """Record the verify batch's committed lengths (contract 9.3); writes `pending_seq_lens`."""
+    """Record the verify batch's committed lengths (contract 10.3); writes `pending_seq_lens`."""
     _ops.online_c128_mtp_mark_pending(seq_lens, req_pool_indices, pending_seq_lens, batch_size,
                                       num_req_slots)
 
@@ -257,7 +277,7 @@ def online_c128_mtp_commit_pending_op(seq_lens: torch.Tensor, req_pool_indices: 
                                       state: torch.Tensor, batch_size: int,
                                       num_verify_tokens: int, state_slot_stride: int,
                                       num_req_slots: int, head_dim: int) -> None:
-    """Commit each request's accepted prefix into its main slot (contract 9.4); writes `state`."""
+    """Commit each request's accepted prefix into its main slot (contract 10.4); writes `state`."""
     _ops.online_c128_mtp_commit_pending(seq_lens, req_pool_indices, req_to_token,
                                         pending_seq_lens, state, batch_size, num_verify_tokens,
                                         state_slot_stride, num_req_slots, head_dim)

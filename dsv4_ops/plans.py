@@ -104,7 +104,7 @@ class CompressorDecodePlan(NamedTuple):
 def _verify_lengths(op: str, compress_ratio: Optional[int], ring_size: Optional[int],
                     seq_lens: torch.Tensor, num_verify_tokens: int, device: torch.device):
     """(seq_lens + D, extend_lens = D, B * D) of a verify step of D tokens per request, on the
-    device of seq_lens (no host sync), after the ring check of contract 9.1."""
+    device of seq_lens (no host sync), after the ring check of contract 10.1."""
     d = int(num_verify_tokens)
     if d < 1:
         raise ValueError(f"dsv4.{op}: num_verify_tokens must be at least 1, got {d}")
@@ -189,7 +189,7 @@ class CompressorPrefillPlan(NamedTuple):
         plan_c, plan_w = _trim(plan_c, plan_w, counts, use_cuda_graph)
         return cls(128, plan_c, plan_w, counts)
 
-    # ---- verify steps (contract 9.1): D tokens per request after the committed seq_lens ------
+    # ---- verify steps (contract 10.1): D tokens per request after the committed seq_lens ------
 
     @classmethod
     def generate_verify(cls, compress_ratio: int, req_pool_indices: torch.Tensor,
@@ -224,7 +224,7 @@ class CompressorPrefillPlan(NamedTuple):
                                use_cuda_graph: bool = True,
                                state_slot_offset: int = 0) -> "CompressorPrefillPlan":
         """The online prefill plan of a verify step; `state_slot_offset` is the bank stride of
-        the staging ops (contract 9.2): the trailing segment lands in bank 1, which
+        the staging ops (contract 10.2): the trailing segment lands in bank 1, which
         online_c128_mtp_write_prefix_states then overwrites with the per-token states."""
         op = "CompressorPrefillPlan.generate_online_verify"
         seq, ext, nq = _verify_lengths(op, None, None, seq_lens, num_verify_tokens,

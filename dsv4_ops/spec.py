@@ -1,4 +1,4 @@
-"""Speculative decoding (docs/contract.md 9): the online cr = 128 draft ops with the reference
+"""Speculative decoding (docs/contract.md 10): the online cr = 128 draft ops with the reference
 engine's Python signatures, and the verify widths the offline rings hold.
 
     from dsv4_ops.spec import (online_c128_mtp_write_prefix_states,
@@ -29,7 +29,7 @@ def online_c128_mtp_write_prefix_states(kv_score_input: torch.Tensor, seq_lens: 
                                         num_verify_tokens: int, state_slot_stride: int, *,
                                         head_dim: int) -> None:
     """Stage the c128 compressor state after each verify token in that token's draft state
-    slot: slot req + (step + 1) * state_slot_stride (contract 9.2)."""
+    slot: slot req + (step + 1) * state_slot_stride (contract 10.2)."""
     ops.online_c128_mtp_write_prefix_states_op(
         kv_score_input, seq_lens, req_pool_indices, req_to_token, ape, state, int(batch_size),
         int(num_verify_tokens), int(state_slot_stride), int(head_dim))
@@ -40,7 +40,7 @@ def online_c128_mtp_mark_pending(seq_lens: torch.Tensor, req_pool_indices: torch
                                  num_req_slots: int, *, head_dim: int,
                                  state_dtype: torch.dtype) -> None:
     """Reset all pending verify lengths, then record `seq_lens` for the requests of this verify
-    batch (contract 9.3). `head_dim` and `state_dtype` are the reference engine's kernel
+    batch (contract 10.3). `head_dim` and `state_dtype` are the reference engine's kernel
     selectors; the op needs neither."""
     del head_dim, state_dtype
     ops.online_c128_mtp_mark_pending_op(seq_lens, req_pool_indices, pending_seq_lens,
@@ -53,7 +53,7 @@ def online_c128_mtp_commit_pending(seq_lens: torch.Tensor, req_pool_indices: tor
                                    state_slot_stride: int, num_req_slots: int, *,
                                    head_dim: int) -> None:
     """Copy the draft state of each request's accepted prefix into its main c128 state slot
-    (contract 9.4)."""
+    (contract 10.4)."""
     ops.online_c128_mtp_commit_pending_op(
         seq_lens, req_pool_indices, req_to_token, pending_seq_lens, state, int(batch_size),
         int(num_verify_tokens), int(state_slot_stride), int(num_req_slots), int(head_dim))
@@ -61,7 +61,7 @@ def online_c128_mtp_commit_pending(seq_lens: torch.Tensor, req_pool_indices: tor
 
 def max_verify_tokens(compress_ratio: int, ring_size: int) -> int:
     """The most tokens a verify step of one request may carry with an offline compressor whose
-    ring holds `ring_size` rows (legacy addressing: the window, 8 or 128), contract 9.1:
+    ring holds `ring_size` rows (legacy addressing: the window, 8 or 128), contract 10.1:
     the plan's pad ring - window + 2 where the ring is wider than the window, else 2 for
     cr = 4 (its overlap rows are always written) and 1 for cr = 128."""
     win = 8 if compress_ratio == 4 else 128

@@ -11,9 +11,11 @@ included). The V4.1 ops (plan-free) get the same for their rows: ring rows, cach
 RoPE positions outside their buffers (contract V4.1 4.4).
 """
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
+
+from .layout import dcp_local_slot
 
 _debug = os.environ.get("DSV4_OPS_DEBUG", "0") == "1"
 
@@ -151,10 +153,22 @@ def validate_compress(plan, kv_score_buffer: torch.Tensor, kv_score_input: torch
                            kv_score_buffer, kv_score_input, is_online)
 
 
+def _owned(loc: torch.Tensor, live: torch.Tensor, dcp) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(slot in this rank's cache, rows that store here) of the global entries loc of the live
+    rows under DCP (world_size, rank, interleave) (contract 9): another rank's entries drop out,
+    negative ones stay as they are."""
+    w, rank, interleave = dcp if dcp is not None else (1, 0, 1)
+    if w == 1 or not (w >= 1 and 0 <= rank < w and interleave >= 1):
+        return loc, live  # one rank, or arguments the op itself refuses
+    local = torch.where(loc >= 0, dcp_local_slot(loc.clamp(min=0), *dcp), loc)
+    return local, live & ~((loc >= 0) & (local < 0))
+
+
 def validate_store_rows(plan: torch.Tensor, is_decode: bool, compress_ratio: int,
                         out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
-                        max_pos: int) -> None:
-    """validate_store on the raw plan tensor."""
+                        max_pos: int, dcp=None) -> None:
+    """validate_store on the raw plan tensor; dcp: (world_size, rank, interleave) of a DCP
+    store (contract 9)."""
     op = "compress_norm_rope_store"
     cr = compress_ratio
     capacity = kvcache.shape[0] * page_size
@@ -174,17 +188,18 @@ def validate_store_rows(plan: torch.Tensor, is_decode: bool, compress_ratio: int
         ragged = d[:, 1] & 0xFFFF
         _check_range(op, "ragged_id (row of out_loc)", ragged, 0, loc.shape[0], d, active)
         dest = loc[ragged.clamp(max=max(loc.shape[0] - 1, 0))] if loc.numel() else ragged
-    _check_range(op, "destination out_loc", dest, 0, capacity, d, active)
+    dest, stores = _owned(dest, active, dcp)
+    _check_range(op, "destination out_loc", dest, 0, capacity, d, stores)
     _check_range(op, "rope position seq_len - compress_ratio (row of freq_cis)",
                  (d[:, 0] & 0xFFFFFFFF) - cr, 0, max_pos, d, active)
 
 
 def validate_store(plan, out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
-                   max_pos: int) -> None:
+                   max_pos: int, dcp=None) -> None:
     """Every active record is a record of the plan's kind and ratio, with a destination inside
     the cache and a RoPE position seq_len - compress_ratio < max_pos (rows of freq_cis)."""
     validate_store_rows(plan[1], plan.is_decode, plan.compress_ratio, out_loc, kvcache,
-                        page_size, max_pos)
+                        page_size, max_pos, dcp)
 
 
 def validate_swa_tables(op: str, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
@@ -267,43 +282,43 @@ def _check_ring_rows(op: str, rid: torch.Tensor, live: torch.Tensor, ring_size: 
 
 
 def validate_c1(positions: torch.Tensor, out_loc: torch.Tensor, kvcache: torch.Tensor,
-                page_size: int, max_pos: int) -> None:
+                page_size: int, max_pos: int, dcp=None) -> None:
     """Every row that stores (out_loc > 0) has a cache page inside kvcache and a RoPE position
     pos inside freqs."""
     op = "c1_norm_rope_store"
     pos, loc = _host(positions), _host(out_loc)
     live = loc > 0
-    _check_cache_rows(op, "kvcache", loc, live, kvcache.shape[0], page_size)
+    _check_cache_rows(op, "kvcache", *_owned(loc, live, dcp), kvcache.shape[0], page_size)
     _check_rope_rows(op, pos, live, max_pos, pos)
 
 
 def _validate_c2_rows(op: str, live: torch.Tensor, pos: torch.Tensor, rid: torch.Tensor,
                       raw: torch.Tensor, kvcache: torch.Tensor, state_rows: int, page_size: int,
-                      ring_size: int, max_pos: int) -> None:
+                      ring_size: int, max_pos: int, dcp) -> None:
     _fail_row(op, "has a negative position", live & (pos < 0), position=pos)
     _check_ring_rows(op, rid, live, ring_size, state_rows)
     odd = live & (pos % 2 == 1)
     loc = raw >> 1
     stores = odd & (loc > 0)
-    _check_cache_rows(op, "kvcache", loc, stores, kvcache.shape[0], page_size)
+    _check_cache_rows(op, "kvcache", *_owned(loc, stores, dcp), kvcache.shape[0], page_size)
     _check_rope_rows(op, pos - 1, stores, max_pos, pos)
 
 
 def validate_c2(positions: torch.Tensor, req: torch.Tensor, raw_out_loc: torch.Tensor,
                 state: torch.Tensor, kvcache: torch.Tensor, page_size: int, ring_size: int,
-                max_pos: int) -> None:
+                max_pos: int, dcp=None) -> None:
     """Decode / verify: every live row (raw_out_loc > 0) has a non-negative position and a ring
     inside state; every odd live row that stores has its page (raw_out_loc >> 1) inside kvcache
     and its RoPE position pos - 1 inside freqs."""
     pos, rid, raw = _host(positions), _host(req), _host(raw_out_loc)
     _validate_c2_rows("c2_norm_rope_store", raw > 0, pos, rid, raw, kvcache, state.shape[0],
-                      page_size, ring_size, max_pos)
+                      page_size, ring_size, max_pos, dcp)
 
 
 def validate_c2_prefill(positions: torch.Tensor, req: torch.Tensor, raw_out_loc: torch.Tensor,
                         extend_start_loc: torch.Tensor, extend_seq_lens: torch.Tensor,
                         state: torch.Tensor, kvcache: torch.Tensor, page_size: int,
-                        ring_size: int, max_pos: int) -> None:
+                        ring_size: int, max_pos: int, dcp=None) -> None:
     """Extend: as validate_c2 for the live rows (raw_out_loc != 0) of every request's range,
     and the ranges inside the input."""
     op = "c2_prefill_norm_rope_store"
@@ -317,21 +332,23 @@ def validate_c2_prefill(positions: torch.Tensor, req: torch.Tensor, raw_out_loc:
     for s, l in zip(starts.tolist(), lens.tolist()):
         in_range[s:s + l] = True
     _validate_c2_rows(op, in_range & (raw != 0), pos, rid, raw, kvcache, state.shape[0],
-                      page_size, ring_size, max_pos)
+                      page_size, ring_size, max_pos, dcp)
 
 
 def validate_index_k(positions: torch.Tensor, loc: torch.Tensor, cache: torch.Tensor,
-                     page_size: int, ratio: int, max_pos: int) -> None:
+                     page_size: int, ratio: int, max_pos: int, dcp=None) -> None:
     """Every row that stores (loc > 0) has its page inside cache and its group position
     pos & ~(ratio - 1) inside freqs."""
     op = "low_ratio_index_k_store"
     pos, l = _host(positions), _host(loc)
     live = l > 0
-    _check_cache_rows(op, "cache", l, live, cache.shape[0], page_size)
+    _check_cache_rows(op, "cache", *_owned(l, live, dcp), cache.shape[0], page_size)
     _check_rope_rows(op, pos & ~(ratio - 1), live, max_pos, pos)
 
 
-def validate_kv_store(loc: torch.Tensor, kvcache: torch.Tensor, page_size: int) -> None:
+def validate_kv_store(loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
+                      dcp=None) -> None:
     """Every row that stores (loc >= 0) has its page inside kvcache."""
     l = _host(loc)
-    _check_cache_rows("kv_store", "kvcache", l, l >= 0, kvcache.shape[0], page_size)
+    _check_cache_rows("kv_store", "kvcache", *_owned(l, l >= 0, dcp), kvcache.shape[0],
+                      page_size)

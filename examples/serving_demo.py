@@ -109,7 +109,7 @@ def run_v4(args) -> int:
         run(spec, [(e, 1), (f, 1)])
     final += [e, f]
 
-    # The online cr=128 running state rolls back through the draft ops (docs/contract.md 9):
+    # The online cr=128 running state rolls back through the draft ops (docs/contract.md 10):
     # banks staged per verify token, the accepted prefix committed at the next step.
     print("speculative decoding with the online cr=128 state (stage, mark, commit), verify "
           "widths 1..8, random acceptance:")

@@ -16,6 +16,14 @@ def device(request) -> torch.device:
     return torch.device("cuda", 0) if request.param == "cuda" else torch.device("cpu")
 
 
+@pytest.fixture
+def debug_mode():
+    """dsv4_ops's debug mode (the data-dependent checks of dsv4_ops.validate) for one test."""
+    dsv4_ops.set_debug(True)
+    yield
+    dsv4_ops.set_debug(False)
+
+
 def pytest_report_header(config):
     lib = dsv4_ops.ops._library
     built = ", ".join(f"{k} {v}" for k, v in lib.BUILD_RECORD.items() if v)

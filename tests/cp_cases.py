@@ -1,7 +1,8 @@
 """Shared cases of the context-parallel prefill tests (tests/test_cp_prefill.py, contract 8):
 ragged batches after a first prefill chunk, token splits over ranks, the single-rank
 compress_forward and the whole-sequence oracle they are judged against, and the worker that
-runs them in a real process group (torch.multiprocessing, gloo).
+runs them in a real process group (torch.multiprocessing, gloo), followed by a
+decode-context-parallel store of the merged rows.
 
 A case is one compressor and a batch of requests (seq_len, extend_len): the prefix
 (seq_len - extend_len tokens) was prefilled by an earlier single-rank step, so that windows of
@@ -157,6 +158,55 @@ def compare(out: torch.Tensor, state: torch.Tensor, want: torch.Tensor,
     return failures
 
 
+def dcp_store_failures(b: Batch, out: torch.Tensor, rank: int, world_size: int,
+                       interleave: int = 2) -> List[str]:
+    """The decode-context-parallel store of the merged rows (contract 9) in a process group:
+    this rank stores its share into its own zeroed cache; the ranks' caches, all-gathered and
+    put back at the global slots they stand for, must be the single-rank store's cache, and
+    this rank's cache must hold nothing outside the slots it owns."""
+    import torch.distributed as dist
+
+    from test_dcp_store import format_geometry
+
+    w = b.world
+    fmt = "fp8_ds_mla" if b.case.head_dim == 512 else "fp4_indexer"
+    ps = w.cache_page_size
+
+    def store(cache, **dcp):
+        dsv4_ops.compress_norm_rope_store(
+            out, b.plan, norm_weight=w.norm_weight, norm_eps=1e-6, freq_cis=w.freqs,
+            out_loc=w.out_loc, kvcache=cache, page_size=ps, use_fp4=fmt == "fp4_indexer", **dcp)
+
+    single = w.kvcache(fmt, pages=w.num_pages)
+    store(single)
+    local = w.kvcache(fmt, pages=dsv4_ops.dcp_local_pages(w.num_pages, ps, world_size,
+                                                          interleave))
+    store(local, dcp_world_size=world_size, dcp_rank=rank, dcp_interleave=interleave)
+    caches = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(caches, local)
+    geo = format_geometry(fmt, ps)
+    glob = torch.arange(w.num_pages * ps)
+    union = torch.zeros_like(single)
+    failures = []
+    for r, cache in enumerate(caches):
+        slot = dsv4_ops.dcp_local_slot(glob, world_size, r, interleave)
+        own = slot >= 0
+        union.view(-1)[geo.byte_index(glob[own], ps)] = cache.view(-1)[geo.byte_index(slot[own],
+                                                                                      ps)]
+        if r == rank:
+            rest = cache.clone()
+            rest.view(-1)[geo.byte_index(slot[own], ps)] = 0
+            if bool(rest.any()):
+                failures.append("the rank's cache changed bytes outside the slots it owns")
+    if not bool(single.any()):
+        failures.append("the single-rank store wrote nothing")
+    if not torch.equal(union, single):
+        bad = (union != single).any(-1).nonzero().flatten()[:8].tolist()
+        failures.append(f"the union of the ranks' caches differs from the single-rank cache "
+                        f"(pages {bad})")
+    return failures
+
+
 # ---- the real process group ------------------------------------------------------------------
 
 def worker(rank: int, world_size: int, init_file: str, result_dir: str,
@@ -191,6 +241,9 @@ def worker(rank: int, world_size: int, init_file: str, result_dir: str,
                     if not torch.equal(first, out):
                         failures.append("rows differ from rank 0's")
                     results[f"{name}/{how}"] = failures
+                    if how == "rr128":
+                        results[f"{name}/dcp_store"] = dcp_store_failures(b, out, rank,
+                                                                          world_size)
                 except Exception as e:  # noqa: BLE001 (reported per case to the test)
                     results[f"{name}/{how}"] = [f"{type(e).__name__}: {e}"]
         dist.barrier()

@@ -99,6 +99,22 @@ def low_ratio_samples(device):
         d.freqs_real, d.out_loc,
         lr.cache_for(KVLayout.V41, d.num_pages, d.cache_page_size, g).to(dev),
         True, 4, 1e-6, d.cache_page_size, "fp8_ds_mla", "v41"))
+    # Decode-context-parallel stores (contract 9): (W, rank, I) chosen so that the rank owns a
+    # stored entry of the sample (c1: global 3 -> local 1; c2: 1, 5 -> 0, 1; verify: 3, 10 ->
+    # 1, 4; prefill: 1, 5 -> 0, 2; index-K: 66 -> 22; kv_store: 100 -> 36; the V4.0 store: the
+    # owner of its first row's entry, which closes a window).
+    for name, dcp in (("c1_norm_rope_store", (2, 1, 1)), ("c2_decode", (4, 1, 1)),
+                      ("c2_verify", (2, 1, 2)), ("c2_prefill", (2, 1, 1)),
+                      ("low_ratio_index_k_store", (3, 0, 2)), ("kv_store_v4", (4, 1, 64))):
+        op, args = samples[name]
+        samples[f"{name}_dcp"] = (op, tuple(a.clone() if isinstance(a, torch.Tensor) else a
+                                            for a in args) + dcp)
+    samples["compress_norm_rope_store_dcp"] = (ops.compress_norm_rope_store, (
+        torch.randn(2, hd, generator=g).to(dev), plan.plan_d, torch.ones(hd, device=dev),
+        d.freqs_real, d.out_loc, lr.cache_for(KVLayout.V4, d.num_pages, d.cache_page_size,
+                                              g).to(dev),
+        True, 4, 1e-6, d.cache_page_size, "fp8_ds_mla", "v4", 2,
+        int(d.out_loc[0]) % 2, 1))
     return samples
 
 
@@ -141,7 +157,7 @@ def cp_samples(device):
     return samples
 
 
-# ---- speculative decoding (contract 9) ---------------------------------------------------------
+# ---- speculative decoding (contract 10) ---------------------------------------------------------
 
 def spec_samples(device):
     """name -> (op, args) of the online cr 128 draft ops: staging (fp32 and bf16 state, a chunk

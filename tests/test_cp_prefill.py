@@ -1,9 +1,9 @@
 """Context-parallel prefill (contract 8): compress_partials and merge_partials alone (the ranks
 simulated in one process, on every device), dsv4_ops.distributed.cp_compress in real gloo
-process groups of 2 and 4 ranks (torch.multiprocessing), and the ops through PyTorch's
-machinery (opcheck, meta tensors, torch.compile, torch.export, CUDA graphs; cp_compress
-itself captured in a CUDA graph over a one-rank NCCL group). Cases and conformance:
-tests/cp_cases.py."""
+process groups of 2 and 4 ranks (torch.multiprocessing), followed by a DCP store of the merged
+rows (contract 9), and the ops through PyTorch's machinery (opcheck, meta tensors,
+torch.compile, torch.export, CUDA graphs; cp_compress itself captured in a CUDA graph over a
+one-rank NCCL group). Cases and conformance: tests/cp_cases.py."""
 import json
 import math
 
@@ -223,6 +223,16 @@ def test_cp_compress_in_a_process_group(group_results, name, how):
     for r in range(ranks):
         assert (r, f"{name}/{how}") in results, f"rank {r} did not run {name}/{how}"
         assert results[(r, f"{name}/{how}")] == [], f"rank {r} of {ranks}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dcp_store_in_a_process_group(group_results, name):
+    """Each rank stores its share of the merged rows (DCP, contract 9): the all-gathered union
+    of the ranks' caches is the single-rank cache, and no rank writes outside its slots."""
+    ranks, results = group_results
+    for r in range(ranks):
+        assert (r, f"{name}/dcp_store") in results, f"rank {r} did not run {name}/dcp_store"
+        assert results[(r, f"{name}/dcp_store")] == [], f"rank {r} of {ranks}"
 
 
 # ---- the ops through PyTorch's machinery -------------------------------------------------------

@@ -131,13 +131,6 @@ def raises_type(op: str, arg: str, fn):
     assert re.search(rf"\b{re.escape(arg)}\b", msg), msg
 
 
-@pytest.fixture
-def debug_mode():
-    dsv4_ops.set_debug(True)
-    yield
-    dsv4_ops.set_debug(False)
-
-
 def _decode_plan(w, **over):
     a = dict(compress_ratio=w.compress_ratio, req_pool_indices=w.rid, req_to_token=w.req_to_token,
              full_to_state=w.full_to_state, seq_lens=w.seq_lens, swa_page_size=64,
@@ -528,6 +521,15 @@ LOW_RATIO_BAD = [
     ("c1_norm_rope_store", "latent", lambda t: t.float()),
     ("c1_norm_rope_store", "latent", lambda t: t[:5]),
     ("c1_norm_rope_store", "eps", -1.0),
+    ("c1_norm_rope_store_dcp", "dcp_world_size", 0),
+    ("c1_norm_rope_store_dcp", "dcp_rank", 2),                         # rank >= W
+    ("c2_decode_dcp", "dcp_rank", -1),
+    ("c2_verify_dcp", "dcp_interleave", 0),
+    ("c2_prefill_dcp", "dcp_world_size", -2),
+    ("low_ratio_index_k_store_dcp", "dcp_rank", 3),
+    ("kv_store_v4_dcp", "dcp_interleave", -64),
+    ("compress_norm_rope_store_dcp", "dcp_rank", 2),
+    ("compress_norm_rope_store_dcp", "dcp_world_size", 0),
     ("c2_decode", "kv_score", _bf16),
     ("c2_decode", "kv_score", _narrow(512)),
     ("c2_decode", "state", _narrow(512)),

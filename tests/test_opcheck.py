@@ -51,12 +51,16 @@ def test_compress_forward_online(device):
     _check(OPS.compress_forward, (state, w.kv_in, w.ape, plan.plan_c, plan.plan_w, out, 512, 128, True))
 
 
+@pytest.mark.parametrize("dcp", [False, True], ids=["one_rank", "dcp"])
 @pytest.mark.parametrize("fmt", list(dsv4_ops.STORE_FORMATS))
-def test_compress_norm_rope_store(device, fmt):
+def test_compress_norm_rope_store(device, fmt, dcp):
     hd = dsv4_ops.STORE_FORMATS[fmt].head_dim
     w = decode_world(device, compress_ratio=4, head_dim=hd)
     plan = dsv4_ops.CompressorDecodePlan.generate(4, w.rid, w.req_to_token, w.full_to_state,
                                                   w.seq_lens, 64, w.ring)
     kv = torch.randn((2, hd), device=w.device)
+    # DCP (contract 9): 2 ranks, the one that owns row 0's entry (both rows close a window)
+    extra = ("v4", 2, int(w.out_loc[0]) % 2, 1) if dcp else ()
     _check(OPS.compress_norm_rope_store, (kv, plan.plan_d, w.norm_weight, w.freqs_real, w.out_loc,
-                                          w.kvcache(fmt), True, 4, 1e-6, w.cache_page_size, fmt))
+                                          w.kvcache(fmt), True, 4, 1e-6, w.cache_page_size, fmt)
+           + extra)

@@ -193,7 +193,7 @@ def test_speculative_verify_cr128(device):
 
 
 def test_speculative_verify_online(device):
-    """The online cr=128 state with the draft ops (contract 9): verify widths 1..8, every accept
+    """The online cr=128 state with the draft ops (contract 10): verify widths 1..8, every accept
     length, chunks closing inside a verify, decode and extend steps after a verify, beside an
     offline c4 compressor; every step checked against the oracle (banks and committed slot)."""
     sim = make_sim(device, [c128_main(addressing="online"), idx(),

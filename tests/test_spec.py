@@ -1,4 +1,4 @@
-"""Speculative decoding (docs/contract.md 9): the online cr = 128 draft ops against the online
+"""Speculative decoding (docs/contract.md 10): the online cr = 128 draft ops against the online
 decode they stand in for, and verify-then-accept against token-by-token decode for every
 compressor and addressing mode (replay identity), with NaN rows for every rejected draft."""
 import random
@@ -56,7 +56,7 @@ def _assert_identical(case: Case, ver: Engine, tok: Engine) -> None:
         got, want = ver.outputs[key], tok.outputs[key]
         assert not torch.isnan(got.float()).any(), f"{case} window {key}: a rejected row leaked"
         if case.online:
-            # Windows a verify closes come from compress_forward's segment pooling (contract 9.5).
+            # Windows a verify closes come from compress_forward's segment pooling (contract 10.5).
             # A bf16 state rounds after every decoded token, not inside a segment.
             tol = 1e-5 if case.dtype == torch.float32 else 2e-2
             torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)

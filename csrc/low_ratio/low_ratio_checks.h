@@ -42,6 +42,7 @@ struct LowRatioGeometry {
   bool w_bf16 = true;          // norm_weight bf16 (else fp32)
   bool x_bf16 = true;          // kv_store: x bf16 (else fp32)
   bool has_freqs_rows = false; // kv_store: in-kernel RoPE by freqs_rows
+  Dcp dcp;                     // the cache entries this rank stores (contract 9)
 };
 
 // A layout name of dsv4_ops.KVLayout -> its KvLayout enumerator.
@@ -192,9 +193,10 @@ inline LowRatioGeometry check_c1_args(const at::Tensor& kv, const at::Tensor& no
                                       const at::Tensor& positions, const at::Tensor& out_loc,
                                       const at::Tensor& kvcache, int64_t page_size,
                                       c10::string_view layout, const at::Tensor& latent,
-                                      at::DeviceType device_type) {
+                                      const Dcp& dcp, at::DeviceType device_type) {
   const char* op = kC1Op;
   LowRatioGeometry g;
+  g.dcp = check_dcp(dcp, op);
   g.layout = parse_kv_layout(layout, op);
   check_low_ratio_page_size(page_size, op, g);
   check_low_ratio_eps(eps, op);
@@ -219,8 +221,9 @@ inline LowRatioGeometry check_c2_args(const char* op, const at::Tensor& kv_score
                                       const at::Tensor& raw_out_loc, const at::Tensor& kvcache,
                                       int64_t page_size, int64_t ring_size, int64_t draft_len,
                                       c10::string_view layout, const at::Tensor& latent,
-                                      at::DeviceType device_type) {
+                                      const Dcp& dcp, at::DeviceType device_type) {
   LowRatioGeometry g;
+  g.dcp = check_dcp(dcp, op);
   g.layout = parse_kv_layout(layout, op);
   check_low_ratio_page_size(page_size, op, g);
   check_low_ratio_eps(eps, op);
@@ -274,12 +277,12 @@ inline LowRatioGeometry check_c2_prefill_args(
     const at::Tensor& freqs, const at::Tensor& positions, const at::Tensor& req,
     const at::Tensor& raw_out_loc, const at::Tensor& extend_start_loc,
     const at::Tensor& extend_seq_lens, const at::Tensor& kvcache, int64_t page_size,
-    int64_t ring_size, c10::string_view layout, const at::Tensor& latent,
+    int64_t ring_size, c10::string_view layout, const at::Tensor& latent, const Dcp& dcp,
     at::DeviceType device_type) {
   const char* op = kC2PrefillOp;
   LowRatioGeometry g = check_c2_args(op, kv_score, state, norm_weight, eps, freqs, positions,
                                      req, raw_out_loc, kvcache, page_size, ring_size, 1, layout,
-                                     latent, device_type);
+                                     latent, dcp, device_type);
   const at::Device dev = kvcache.device();
   check_device(extend_start_loc, dev, op, "extend_start_loc");
   check_device(extend_seq_lens, dev, op, "extend_seq_lens");
@@ -301,9 +304,11 @@ inline LowRatioGeometry check_index_k_args(const at::Tensor& k, const at::Tensor
                                            double eps, const at::Tensor& freqs,
                                            const at::Tensor& positions, const at::Tensor& loc,
                                            const at::Tensor& cache, int64_t page_size,
-                                           int64_t ratio, at::DeviceType device_type) {
+                                           int64_t ratio, const Dcp& dcp,
+                                           at::DeviceType device_type) {
   const char* op = kIndexKOp;
   LowRatioGeometry g;
+  g.dcp = check_dcp(dcp, op);
   DSV4_CHECK(ratio == 1 || ratio == 2, op, "ratio", "must be 1 or 2, got ", ratio);
   g.ratio = int(ratio);
   check_low_ratio_page_size(page_size, op, g);
@@ -321,9 +326,11 @@ inline LowRatioGeometry check_index_k_args(const at::Tensor& k, const at::Tensor
 inline LowRatioGeometry check_kv_store_args(const at::Tensor& x, const at::Tensor& loc,
                                             const std::optional<at::Tensor>& freqs_rows,
                                             const at::Tensor& kvcache, int64_t page_size,
-                                            c10::string_view layout, at::DeviceType device_type) {
+                                            c10::string_view layout, const Dcp& dcp,
+                                            at::DeviceType device_type) {
   const char* op = kKvStoreOp;
   LowRatioGeometry g;
+  g.dcp = check_dcp(dcp, op);
   g.layout = parse_kv_layout(layout, op);
   check_low_ratio_page_size(page_size, op, g);
   check_cache_device(kvcache, "kvcache", op, device_type);

@@ -26,6 +26,7 @@ inline LayoutCacheRef layout_cache(const at::Tensor& kvcache, const LowRatioGeom
   c.page_bytes = g.page_bytes;
   c.page_size = g.page_size;
   c.log2_page_size = g.log2_page_size;
+  c.dcp = g.dcp;
   return c;
 }
 
@@ -127,9 +128,11 @@ void index_k_row(const uint16_t* k, const void* w, bool w_bf16, float eps, const
 void c1_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& norm_weight, double eps,
                             const at::Tensor& freqs, const at::Tensor& positions,
                             const at::Tensor& out_loc, at::Tensor& kvcache, int64_t page_size,
-                            c10::string_view layout, at::Tensor& latent) {
-  const LowRatioGeometry g = check_c1_args(kv, norm_weight, eps, freqs, positions, out_loc,
-                                           kvcache, page_size, layout, latent, at::kCPU);
+                            c10::string_view layout, at::Tensor& latent,
+                            int64_t dcp_world_size, int64_t dcp_rank, int64_t dcp_interleave) {
+  const LowRatioGeometry g =
+      check_c1_args(kv, norm_weight, eps, freqs, positions, out_loc, kvcache, page_size, layout,
+                    latent, {dcp_world_size, dcp_rank, dcp_interleave}, at::kCPU);
   const auto* x_rows = reinterpret_cast<const uint16_t*>(kv.data_ptr());
   const void* w = norm_weight.data_ptr();
   const float* fr = freqs.data_ptr<float>();
@@ -156,10 +159,12 @@ void c2_norm_rope_store_cpu(const at::Tensor& kv_score, at::Tensor& state,
                             const at::Tensor& positions, const at::Tensor& req,
                             const at::Tensor& raw_out_loc, at::Tensor& kvcache,
                             int64_t page_size, int64_t ring_size, int64_t draft_len,
-                            c10::string_view layout, at::Tensor& latent) {
-  const LowRatioGeometry g =
-      check_c2_args(kC2Op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc,
-                    kvcache, page_size, ring_size, draft_len, layout, latent, at::kCPU);
+                            c10::string_view layout, at::Tensor& latent,
+                            int64_t dcp_world_size, int64_t dcp_rank, int64_t dcp_interleave) {
+  const LowRatioGeometry g = check_c2_args(
+      kC2Op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, kvcache,
+      page_size, ring_size, draft_len, layout, latent,
+      {dcp_world_size, dcp_rank, dcp_interleave}, at::kCPU);
   const C2Rows r = c2_rows(g, kv_score, state, norm_weight, eps, freqs, positions, req,
                            raw_out_loc, kvcache, latent);
   // Rows are independent: with ring > draft_len no park of a block lands on the slot its
@@ -186,10 +191,13 @@ void c2_prefill_norm_rope_store_cpu(const at::Tensor& kv_score, at::Tensor& stat
                                     const at::Tensor& extend_start_loc,
                                     const at::Tensor& extend_seq_lens, at::Tensor& kvcache,
                                     int64_t page_size, int64_t ring_size,
-                                    c10::string_view layout, at::Tensor& latent) {
+                                    c10::string_view layout, at::Tensor& latent,
+                                    int64_t dcp_world_size, int64_t dcp_rank,
+                                    int64_t dcp_interleave) {
   const LowRatioGeometry g = check_c2_prefill_args(
       kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, extend_start_loc,
-      extend_seq_lens, kvcache, page_size, ring_size, layout, latent, at::kCPU);
+      extend_seq_lens, kvcache, page_size, ring_size, layout, latent,
+      {dcp_world_size, dcp_rank, dcp_interleave}, at::kCPU);
   const C2Rows r = c2_rows(g, kv_score, state, norm_weight, eps, freqs, positions, req,
                            raw_out_loc, kvcache, latent);
   const int32_t* starts = extend_start_loc.data_ptr<int32_t>();
@@ -234,9 +242,11 @@ void c2_prefill_norm_rope_store_cpu(const at::Tensor& kv_score, at::Tensor& stat
 void low_ratio_index_k_store_cpu(const at::Tensor& k, const at::Tensor& norm_weight, double eps,
                                  const at::Tensor& freqs, const at::Tensor& positions,
                                  const at::Tensor& loc, at::Tensor& cache, int64_t page_size,
-                                 int64_t ratio) {
-  const LowRatioGeometry g = check_index_k_args(k, norm_weight, eps, freqs, positions, loc,
-                                                cache, page_size, ratio, at::kCPU);
+                                 int64_t ratio, int64_t dcp_world_size, int64_t dcp_rank,
+                                 int64_t dcp_interleave) {
+  const LowRatioGeometry g =
+      check_index_k_args(k, norm_weight, eps, freqs, positions, loc, cache, page_size, ratio,
+                         {dcp_world_size, dcp_rank, dcp_interleave}, at::kCPU);
   const auto* k_rows = reinterpret_cast<const uint16_t*>(k.data_ptr());
   const void* w = norm_weight.data_ptr();
   const float* fr = freqs.data_ptr<float>();
@@ -247,36 +257,39 @@ void low_ratio_index_k_store_cpu(const at::Tensor& k, const at::Tensor& norm_wei
     for (int64_t t = begin; t < end; ++t) {
       const int64_t l = load_index(locs, g.loc64, t);
       if (l <= 0) continue;
-      const int64_t page = l >> g.log2_page_size;
+      const CacheSlot slot = store_slot_of(l, g.dcp, g.log2_page_size, g.num_pages);
       const float* f =
           freqs_row(fr, g.max_pos, group_position(load_index(pos, g.pos64, t), g.ratio));
-      if (page >= g.num_pages || f == nullptr) continue;
+      if (slot.page < 0 || f == nullptr) continue;
       index_k_row(k_rows + t * kIndexKDim, w, g.w_bf16, float(eps), f,
-                  base + page * g.page_bytes, l & (g.page_size - 1), g.page_size);
+                  base + slot.page * g.page_bytes, slot.off, g.page_size);
     }
   });
 }
 
 void kv_store_cpu(const at::Tensor& x, const at::Tensor& loc,
                   const std::optional<at::Tensor>& freqs_rows, at::Tensor& kvcache,
-                  int64_t page_size, c10::string_view layout) {
+                  int64_t page_size, c10::string_view layout, int64_t dcp_world_size,
+                  int64_t dcp_rank, int64_t dcp_interleave) {
   const LowRatioGeometry g =
-      check_kv_store_args(x, loc, freqs_rows, kvcache, page_size, layout, at::kCPU);
+      check_kv_store_args(x, loc, freqs_rows, kvcache, page_size, layout,
+                          {dcp_world_size, dcp_rank, dcp_interleave}, at::kCPU);
   const void* xs = x.data_ptr();
   const void* locs = loc.data_ptr();
   const float* fr = g.has_freqs_rows ? freqs_rows->data_ptr<float>() : nullptr;
   const LayoutCacheRef cache = layout_cache(kvcache, g);
   at::parallel_for(0, g.n_rows, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t l = load_index(locs, g.loc64, t);
-      if (l < 0) continue;
+      const CacheSlot slot =
+          store_slot_of(load_index(locs, g.loc64, t), g.dcp, g.log2_page_size, g.num_pages);
+      if (slot.page < 0) continue;
       float v[kLowRatioHeadDim];
       for (int d = 0; d < kLowRatioHeadDim; ++d)
         v[d] = g.x_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(xs)[t * kLowRatioHeadDim + d])
                         : static_cast<const float*>(xs)[t * kLowRatioHeadDim + d];
       // The rotated values are rounded to x's dtype (fp32: no rounding).
       if (fr != nullptr) rope_tail(v, kLowRatioHeadDim - kRopeDim, fr + t * kRopeDim, g.x_bf16);
-      cache.store(l, v);
+      cache.store_at(slot, v);
     }
   });
 }

@@ -89,6 +89,7 @@ low_ratio::LatentOutputs latent_outputs(const LowRatioGeometry& g, const at::Ten
   o.page_bytes = g.page_bytes;
   o.page_size = g.page_size;
   o.log2_page_size = g.log2_page_size;
+  o.dcp = g.dcp;
   o.layout = g.layout;
   o.eps = float(eps);
   o.w_bf16 = g.w_bf16;
@@ -176,9 +177,11 @@ struct KvStoreKernels {
 void c1_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& norm_weight, double eps,
                              const at::Tensor& freqs, const at::Tensor& positions,
                              const at::Tensor& out_loc, at::Tensor& kvcache, int64_t page_size,
-                             c10::string_view layout, at::Tensor& latent) {
-  const LowRatioGeometry g = check_c1_args(kv, norm_weight, eps, freqs, positions, out_loc,
-                                           kvcache, page_size, layout, latent, at::kCUDA);
+                             c10::string_view layout, at::Tensor& latent,
+                             int64_t dcp_world_size, int64_t dcp_rank, int64_t dcp_interleave) {
+  const LowRatioGeometry g =
+      check_c1_args(kv, norm_weight, eps, freqs, positions, out_loc, kvcache, page_size, layout,
+                    latent, {dcp_world_size, dcp_rank, dcp_interleave}, at::kCUDA);
   if (g.n_rows == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
   C1KernelArgs a;
@@ -201,10 +204,12 @@ void c2_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& state,
                              const at::Tensor& positions, const at::Tensor& req,
                              const at::Tensor& raw_out_loc, at::Tensor& kvcache,
                              int64_t page_size, int64_t ring_size, int64_t draft_len,
-                             c10::string_view layout, at::Tensor& latent) {
-  const LowRatioGeometry g =
-      check_c2_args(kC2Op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc,
-                    kvcache, page_size, ring_size, draft_len, layout, latent, at::kCUDA);
+                             c10::string_view layout, at::Tensor& latent,
+                             int64_t dcp_world_size, int64_t dcp_rank, int64_t dcp_interleave) {
+  const LowRatioGeometry g = check_c2_args(
+      kC2Op, kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, kvcache,
+      page_size, ring_size, draft_len, layout, latent,
+      {dcp_world_size, dcp_rank, dcp_interleave}, at::kCUDA);
   if (g.n_rows == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
   C2KernelArgs a;
@@ -225,10 +230,13 @@ void c2_prefill_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& sta
                                      const at::Tensor& extend_start_loc,
                                      const at::Tensor& extend_seq_lens, at::Tensor& kvcache,
                                      int64_t page_size, int64_t ring_size,
-                                     c10::string_view layout, at::Tensor& latent) {
+                                     c10::string_view layout, at::Tensor& latent,
+                                     int64_t dcp_world_size, int64_t dcp_rank,
+                                     int64_t dcp_interleave) {
   const LowRatioGeometry g = check_c2_prefill_args(
       kv_score, state, norm_weight, eps, freqs, positions, req, raw_out_loc, extend_start_loc,
-      extend_seq_lens, kvcache, page_size, ring_size, layout, latent, at::kCUDA);
+      extend_seq_lens, kvcache, page_size, ring_size, layout, latent,
+      {dcp_world_size, dcp_rank, dcp_interleave}, at::kCUDA);
   if (g.n_rows == 0 || g.num_reqs == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
   C2PrefillKernelArgs a;
@@ -269,9 +277,11 @@ void c2_prefill_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& sta
 void low_ratio_index_k_store_cuda(const at::Tensor& k, const at::Tensor& norm_weight, double eps,
                                   const at::Tensor& freqs, const at::Tensor& positions,
                                   const at::Tensor& loc, at::Tensor& cache, int64_t page_size,
-                                  int64_t ratio) {
-  const LowRatioGeometry g = check_index_k_args(k, norm_weight, eps, freqs, positions, loc, cache,
-                                                page_size, ratio, at::kCUDA);
+                                  int64_t ratio, int64_t dcp_world_size, int64_t dcp_rank,
+                                  int64_t dcp_interleave) {
+  const LowRatioGeometry g =
+      check_index_k_args(k, norm_weight, eps, freqs, positions, loc, cache, page_size, ratio,
+                         {dcp_world_size, dcp_rank, dcp_interleave}, at::kCUDA);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(cache.device());
   IndexKKernelArgs a;
@@ -287,6 +297,7 @@ void low_ratio_index_k_store_cuda(const at::Tensor& k, const at::Tensor& norm_we
   a.page_bytes = g.page_bytes;
   a.page_size = g.page_size;
   a.log2_page_size = g.log2_page_size;
+  a.dcp = g.dcp;
   a.ratio = g.ratio;
   a.eps = float(eps);
   a.w_bf16 = g.w_bf16;
@@ -305,9 +316,11 @@ void low_ratio_index_k_store_cuda(const at::Tensor& k, const at::Tensor& norm_we
 
 void kv_store_cuda(const at::Tensor& x, const at::Tensor& loc,
                    const std::optional<at::Tensor>& freqs_rows, at::Tensor& kvcache,
-                   int64_t page_size, c10::string_view layout) {
+                   int64_t page_size, c10::string_view layout, int64_t dcp_world_size,
+                   int64_t dcp_rank, int64_t dcp_interleave) {
   const LowRatioGeometry g =
-      check_kv_store_args(x, loc, freqs_rows, kvcache, page_size, layout, at::kCUDA);
+      check_kv_store_args(x, loc, freqs_rows, kvcache, page_size, layout,
+                          {dcp_world_size, dcp_rank, dcp_interleave}, at::kCUDA);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
   KvStoreKernelArgs a;
@@ -320,6 +333,7 @@ void kv_store_cuda(const at::Tensor& x, const at::Tensor& loc,
   a.page_bytes = g.page_bytes;
   a.page_size = g.page_size;
   a.log2_page_size = g.log2_page_size;
+  a.dcp = g.dcp;
   a.layout = g.layout;
   a.loc64 = g.loc64;
   a.vec_in = aligned(a.x, 16) && (a.freqs_rows == nullptr || aligned(a.freqs_rows, 16));

@@ -105,7 +105,7 @@ inline void encode_layout_row(const float* v, int layout, uint8_t* data, uint8_t
   }
 }
 
-// A paged cache of one layout: where slot `loc`'s bytes are.
+// A paged cache of one layout: where global entry g's bytes are on this rank.
 struct LayoutCacheRef {
   uint8_t* base = nullptr;
   int layout = kLayoutV4;
@@ -113,22 +113,21 @@ struct LayoutCacheRef {
   int64_t page_bytes = 0;  // actual page stride
   int64_t page_size = 0;
   int log2_page_size = 0;
+  Dcp dcp;  // the entries this rank stores (contract 9)
 
-  // Data and scale bytes of slot loc; false when loc is negative or its page past the cache.
-  bool slot(int64_t loc, uint8_t** data, uint8_t** scales) const {
-    if (loc < 0) return false;
-    const int64_t page = loc >> log2_page_size;
-    if (page >= num_pages) return false;
-    const int64_t off = loc & (page_size - 1);
-    uint8_t* p = base + page * page_bytes;
-    *data = p + layout_data_offset(layout, off);
-    *scales = p + layout_scale_offset(layout, page_size, off);
+  // Data and scale bytes of a resolved slot; false when it writes nothing (page -1).
+  bool at(const CacheSlot& s, uint8_t** data, uint8_t** scales) const {
+    if (s.page < 0) return false;
+    uint8_t* p = base + s.page * page_bytes;
+    *data = p + layout_data_offset(layout, s.off);
+    *scales = p + layout_scale_offset(layout, page_size, s.off);
     return true;
   }
-  // Encodes v at slot loc (nothing when the slot is outside the cache).
-  void store(int64_t loc, const float* v) const {
+  // Encodes v at a resolved slot (store_slot_of; nothing where it writes nothing: negative,
+  // another rank's or past the cache).
+  void store_at(const CacheSlot& s, const float* v) const {
     uint8_t *data, *scales;
-    if (slot(loc, &data, &scales)) encode_layout_row(v, layout, data, scales);
+    if (at(s, &data, &scales)) encode_layout_row(v, layout, data, scales);
   }
 };
 
@@ -137,11 +136,13 @@ struct LayoutCacheRef {
 // layouts, encode.
 inline void store_latent_row(const LayoutCacheRef& cache, int64_t loc, const uint16_t* latent,
                              const float* f) {
+  const CacheSlot slot = store_slot_of(loc, cache.dcp, cache.log2_page_size, cache.num_pages);
+  if (slot.page < 0) return;
   float v[kLowRatioHeadDim];
   for (int d = 0; d < kLowRatioHeadDim; ++d) v[d] = bf16_to_f32(latent[d]);
   rope_tail(v, kLowRatioHeadDim - kRopeDim, f, true);
   if (layout_fake_quantises(cache.layout)) fake_quant_row(v);
-  cache.store(loc, v);
+  cache.store_at(slot, v);
 }
 
 // Element d of a norm weight, bf16 or fp32, as float.

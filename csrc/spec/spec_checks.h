@@ -1,4 +1,4 @@
-// Argument checks of the online cr = 128 draft ops (docs/contract.md 9), shared by the CPU and
+// Argument checks of the online cr = 128 draft ops (docs/contract.md 10), shared by the CPU and
 // the CUDA/HIP glue, and the translation of the checked tensors into the torch-free kernel
 // parameters (include/dsv4/spec_math.h).
 #pragma once

@@ -1,4 +1,4 @@
-// The online cr = 128 draft ops on the CPU (docs/contract.md 9): plain C++ over
+// The online cr = 128 draft ops on the CPU (docs/contract.md 10): plain C++ over
 // at::parallel_for, the math of include/dsv4/spec_math.h.
 #include <ATen/Parallel.h>
 #include <torch/library.h>

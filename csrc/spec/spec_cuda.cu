@@ -1,4 +1,4 @@
-// The online cr = 128 draft ops on CUDA / HIP (docs/contract.md 9): argument checks (shared
+// The online cr = 128 draft ops on CUDA / HIP (docs/contract.md 10): argument checks (shared
 // with the CPU glue), device guard, current stream, PDL-aware launches of the kernels in
 // include/dsv4/spec/. No host sync, no host allocation: safe inside CUDA-graph capture.
 #include <torch/library.h>

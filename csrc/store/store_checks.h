@@ -25,6 +25,7 @@ struct StoreGeometry {
   int64_t page_size = 0;
   int log2_page_size = 0;
   int layout = kLayoutV4;  // KvLayout of an fp8_ds_mla store (contract V4.1 4.2)
+  Dcp dcp;                 // the entries this rank stores (contract 9)
 };
 
 inline int parse_store_format(c10::string_view s) {
@@ -53,9 +54,10 @@ inline StoreGeometry check_store_args(const at::Tensor& kv, const at::Tensor& pl
                                       const at::Tensor& out_loc, const at::Tensor& kvcache,
                                       int64_t compress_ratio, int64_t page_size,
                                       c10::string_view store_format, c10::string_view layout,
-                                      at::DeviceType device_type) {
+                                      const Dcp& dcp, at::DeviceType device_type) {
   const char* op = kStoreOp;
   StoreGeometry g;
+  g.dcp = check_dcp(dcp, op);
   g.format = parse_store_format(store_format);
   g.head_dim = store_head_dim(g.format);
   g.layout = parse_kv_layout(layout, op);

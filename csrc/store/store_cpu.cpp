@@ -54,8 +54,8 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
   if (!row_target(g, a, t, &loc_index, &pos)) return;
   const int64_t loc = a.loc64 ? static_cast<const int64_t*>(a.out_loc)[loc_index]
                               : int64_t(static_cast<const int32_t*>(a.out_loc)[loc_index]);
-  const int64_t page = store_page_of(loc, g.log2_page_size, g.num_pages);
-  if (page < 0) return;
+  const CacheSlot slot = store_slot_of(loc, g.dcp, g.log2_page_size, g.num_pages);
+  if (slot.page < 0) return;
 
   const int hd = g.head_dim;
   float x[512], y[512];
@@ -75,7 +75,7 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
       if (a.kv_bf16) y[d] = round_to_bf16(y[d]);
     }
     rope_tail(y, hd - kRopeDim, a.freqs + pos * kRopeDim, a.kv_bf16);
-    a.layout_cache.store(loc, y);
+    a.layout_cache.store_at(slot, y);
     return;
   }
   for (int d = 0; d < hd; ++d) y[d] = norm_value(x[d], inv, load_f32(a.norm_weight, a.w_bf16, d));
@@ -89,10 +89,9 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
     for (int i = 0; i < 128; ++i) y[i] *= kHadamardScale;
   }
 
-  const int64_t off = loc & (g.page_size - 1);
-  uint8_t* base = a.cache + page * g.page_bytes;
-  uint8_t* data = base + store_data_offset(g.format, off);
-  uint8_t* scales = base + store_scale_offset(g.format, g.page_size, off);
+  uint8_t* base = a.cache + slot.page * g.page_bytes;
+  uint8_t* data = base + store_data_offset(g.format, slot.off);
+  uint8_t* scales = base + store_scale_offset(g.format, g.page_size, slot.off);
 
   switch (g.format) {
     case kStoreFp8DsMla:
@@ -126,10 +125,12 @@ void compress_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& plan,
                                   const at::Tensor& norm_weight, const at::Tensor& freqs,
                                   const at::Tensor& out_loc, at::Tensor& kvcache, bool is_decode,
                                   int64_t compress_ratio, double eps, int64_t page_size,
-                                  c10::string_view store_format, c10::string_view layout) {
+                                  c10::string_view store_format, c10::string_view layout,
+                                  int64_t dcp_world_size, int64_t dcp_rank,
+                                  int64_t dcp_interleave) {
   const StoreGeometry g = check_store_args(kv, plan, norm_weight, freqs, out_loc, kvcache,
                                            compress_ratio, page_size, store_format, layout,
-                                           at::kCPU);
+                                           {dcp_world_size, dcp_rank, dcp_interleave}, at::kCPU);
   check_store_eps(eps);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   CpuStoreArgs a;

@@ -64,10 +64,12 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
                                    const at::Tensor& norm_weight, const at::Tensor& freqs,
                                    const at::Tensor& out_loc, at::Tensor& kvcache, bool is_decode,
                                    int64_t compress_ratio, double eps, int64_t page_size,
-                                   c10::string_view store_format, c10::string_view layout) {
+                                   c10::string_view store_format, c10::string_view layout,
+                                   int64_t dcp_world_size, int64_t dcp_rank,
+                                   int64_t dcp_interleave) {
   const StoreGeometry g = check_store_args(kv, plan, norm_weight, freqs, out_loc, kvcache,
                                            compress_ratio, page_size, store_format, layout,
-                                           at::kCUDA);
+                                           {dcp_world_size, dcp_rank, dcp_interleave}, at::kCUDA);
   check_store_eps(eps);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
@@ -86,6 +88,7 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   a.page_bytes = g.page_bytes;
   a.page_size = g.page_size;
   a.log2_page_size = g.log2_page_size;
+  a.dcp = g.dcp;
   a.compress_ratio = int(compress_ratio);
   a.eps = float(eps);
   a.is_decode = is_decode;

@@ -41,7 +41,7 @@ Typical use::
 Speculative decoding (``speculative=True``: rings 16 / 256) verifies ``w`` draft tokens with an
 extend step and then keeps ``k`` of them with ``sim.truncate(request, length)``. An online
 cr = 128 compressor then keeps ``1 + MAX_VERIFY`` banks of state slots and a ``"verify"`` step
-(every request the same width) runs the draft ops of contract 9: ``commit_pending`` at the start
+(every request the same width) runs the draft ops of contract 10: ``commit_pending`` at the start
 of the next step, ``mark_pending``, the online verify plan and ``write_prefix_states``
 (:class:`_OnlineDrafts`); the checker expects each bank to hold the online state after its
 verify token and the committed slot the state of the accepted prefix. With
@@ -236,7 +236,7 @@ class _Compressor:
         # The flat state buffer and the view the ops take (contract 2). It starts as NaN: a kernel
         # that reads a row nobody wrote (e.g. the absent rows of the first cr = 4 window,
         # whatever page the record names) poisons its output.
-        # Online and speculative: 1 + MAX_VERIFY banks of num_req_rows slots (contract 9.2).
+        # Online and speculative: 1 + MAX_VERIFY banks of num_req_rows slots (contract 10.2).
         self.bank_stride = sim.num_req_rows if cfg.is_online and sim.speculative else 0
         self.state = worlds.fill_state(
             layout.state_buffer(num_requests=sim.num_req_rows, num_swa_pages=sim.num_swa_pages,
@@ -720,7 +720,7 @@ class _StepInputs:
 
 
 class _OnlineDrafts:
-    """The engine's part of contract 9 for the online compressors of a speculative simulator:
+    """The engine's part of contract 10 for the online compressors of a speculative simulator:
     the pending lengths (one tensor for every online layer, as an engine's pool holds them), the
     commit at the start of the step after a verify, the mark, the online verify plan (bank
     stride as state_slot_offset) and the staging after compress_forward; and the state rows the
@@ -749,7 +749,7 @@ class _OnlineDrafts:
                 if rid not in in_batch and rid in self.sim.requests]
         if self.last_d and lost:
             raise ValueError(f"the step after a verify must carry every verified request (its "
-                             f"accepted state is committed then, contract 9.4); missing rows "
+                             f"accepted state is committed then, contract 10.4); missing rows "
                              f"{lost}")
         # The commits the step makes: rid -> (request, committed length).
         self.committed: Dict[int, Tuple[Request, int]] = {}

@@ -19,11 +19,15 @@ struct Dcp {
 DSV4_HD bool dcp_is_identity(const Dcp& d) { return d.world_size == 1; }
 
 // The local slot of global entry g (g >= 0) on this rank, or -1 when another rank owns it.
+// Unsigned, two divisions (the remainders by multiply-subtract): on the GPU half the machine
+// code of the signed division and modulo pairs (docs/design/dcp_store.md).
 DSV4_HD int64_t dcp_local_slot(const Dcp& d, int64_t g) {
   if (d.world_size == 1) return g;
-  const int64_t block = g / d.interleave;
-  if (block % d.world_size != d.rank) return -1;
-  return (block / d.world_size) * d.interleave + g % d.interleave;
+  const uint64_t u = uint64_t(g), i = uint64_t(d.interleave), w = uint64_t(d.world_size);
+  const uint64_t block = u / i;
+  const uint64_t round = block / w;
+  if (block - round * w != uint64_t(d.rank)) return -1;
+  return int64_t(round * i + (u - block * i));
 }
 
 }  // namespace dsv4

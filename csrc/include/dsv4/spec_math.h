@@ -1,4 +1,4 @@
-// Speculative decoding with the online cr = 128 state (docs/contract.md 9): staging the state
+// Speculative decoding with the online cr = 128 state (docs/contract.md 10): staging the state
 // after each verify token, marking the pending verify lengths, committing the accepted prefix.
 // Torch-free, shared by the CPU kernel and the GPU kernels.
 //

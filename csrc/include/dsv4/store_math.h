@@ -14,6 +14,7 @@
 
 #include <math.h>
 
+#include "dcp.h"
 #include "numerics.h"
 #include "plan_records.h"
 
@@ -97,6 +98,21 @@ DSV4_HD int64_t store_page_of(int64_t loc, int log2_page_size, int64_t num_pages
   if (loc < 0) return -1;
   const int64_t page = loc >> log2_page_size;
   return page < num_pages ? page : -1;
+}
+
+// Where this rank stores global cache entry g (the slot out_loc names with one rank), after the
+// op's own skip rules: the page and in-page offset of g's local slot (dcp.h). page -1: g writes
+// nothing here (negative, another rank's, or past this rank's num_pages). Every store path of
+// every backend resolves its destination here; with world_size 1 it is store_page_of(g).
+struct CacheSlot {
+  int64_t page;
+  int64_t off;
+};
+DSV4_HD CacheSlot store_slot_of(int64_t g, const Dcp& dcp, int log2_page_size,
+                                int64_t num_pages) {
+  const int64_t loc = dcp_is_identity(dcp) || g < 0 ? g : dcp_local_slot(dcp, g);
+  return {store_page_of(loc, log2_page_size, num_pages),
+          loc & ((int64_t(1) << log2_page_size) - 1)};
 }
 
 // ---- per-value math --------------------------------------------------------------------------

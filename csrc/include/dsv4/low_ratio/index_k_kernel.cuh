@@ -24,6 +24,7 @@ struct IndexKKernelArgs {
   int64_t num_pages;
   int64_t page_bytes;
   int64_t page_size;
+  Dcp dcp;  // the cache entries this rank stores (contract 9)
   int log2_page_size;
   int ratio;
   float eps;
@@ -48,9 +49,9 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   const int64_t loc = load_index(a.loc, a.loc64, t);
   const int64_t p = group_position(load_index(a.positions, a.pos64, t), kRatio);
   if (loc <= 0 || p < 0 || p >= a.max_pos) return;
-  const int64_t page = store_page_of(loc, a.log2_page_size, a.num_pages);
-  if (page < 0) return;
-  const int64_t off = loc & (a.page_size - 1);
+  const CacheSlot slot = store_slot_of(loc, a.dcp, a.log2_page_size, a.num_pages);
+  if (slot.page < 0) return;
+  const int64_t off = slot.off;
 
   uint32_t xb[4], wb[4];
   float x[4], w[4], f[4];
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   const float s = ue8m0_inv_scale(e);
   const uint32_t b0 = uint32_t(index_k_code(q[0], s)) | (uint32_t(index_k_code(q[1], s)) << 4);
   const uint32_t b1 = uint32_t(index_k_code(q[2], s)) | (uint32_t(index_k_code(q[3], s)) << 4);
-  uint8_t* base = a.cache + page * a.page_bytes;
+  uint8_t* base = a.cache + slot.page * a.page_bytes;
   store_u16(base + off * kIndexKDataBytes + 2 * lane, b0 | (b1 << 8), a.vec_out);
   if (lane % kLanes == 0)
     base[a.page_size * kIndexKDataBytes + off * kIndexKScaleBytes + lane / kLanes] = e;

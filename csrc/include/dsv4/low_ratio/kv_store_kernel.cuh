@@ -24,6 +24,7 @@ struct KvStoreKernelArgs {
   int64_t num_pages;
   int64_t page_bytes;
   int64_t page_size;
+  Dcp dcp;  // the cache entries this rank stores (contract 9)
   int log2_page_size;
   int layout;
   bool loc64;
@@ -41,8 +42,8 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   pdl_trigger();
   if (r.row >= a.n_rows) return;
   RowDestination d;
-  if (!row_destination(a.cache, load_index(a.loc, a.loc64, r.row), a.layout, a.log2_page_size,
-                       a.page_size, a.num_pages, a.page_bytes, &d))
+  if (!row_destination(a.cache, load_index(a.loc, a.loc64, r.row), a.dcp, a.layout,
+                       a.log2_page_size, a.page_size, a.num_pages, a.page_bytes, &d))
     return;
   RowPart<kChunks> v;
   const XT* row = static_cast<const XT*>(a.x) + r.row * kLowRatioHeadDim;

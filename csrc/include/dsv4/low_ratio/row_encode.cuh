@@ -196,21 +196,21 @@ DSV4_DEVICE void fake_quant(RowPart<kChunks>& v) {
   }
 }
 
-// Where a token's data and scales go, or false when `loc` writes nothing (negative or past the
-// cache). `layout` decides the interleaving (kv_layout.h offsets).
+// Where the token of global entry `loc` goes on this rank (store_slot_of: its local slot), or
+// false when it writes nothing here (negative, another rank's or past the cache). `layout`
+// decides the interleaving (kv_layout.h offsets).
 struct RowDestination {
   uint8_t* data;
   uint8_t* scales;
 };
-DSV4_DEVICE bool row_destination(uint8_t* cache, int64_t loc, int layout, int log2_page_size,
-                                 int64_t page_size, int64_t num_pages, int64_t page_bytes,
-                                 RowDestination* d) {
-  const int64_t page = store_page_of(loc, log2_page_size, num_pages);
-  if (page < 0) return false;
-  const int64_t off = loc & (page_size - 1);
-  uint8_t* base = cache + page * page_bytes;
-  d->data = base + layout_data_offset(layout, off);
-  d->scales = base + layout_scale_offset(layout, page_size, off);
+DSV4_DEVICE bool row_destination(uint8_t* cache, int64_t loc, const Dcp& dcp, int layout,
+                                 int log2_page_size, int64_t page_size, int64_t num_pages,
+                                 int64_t page_bytes, RowDestination* d) {
+  const CacheSlot s = store_slot_of(loc, dcp, log2_page_size, num_pages);
+  if (s.page < 0) return false;
+  uint8_t* base = cache + s.page * page_bytes;
+  d->data = base + layout_data_offset(layout, s.off);
+  d->scales = base + layout_scale_offset(layout, page_size, s.off);
   return true;
 }
 
@@ -386,6 +386,7 @@ struct LatentOutputs {
   int64_t num_pages;
   int64_t page_bytes;
   int64_t page_size;
+  Dcp dcp;  // the cache entries this rank stores (contract 9)
   int log2_page_size;
   int layout;
   float eps;
@@ -419,7 +420,8 @@ DSV4_DEVICE void load_latent_params(const LatentOutputs& o, int64_t p, const Row
 }
 
 // Row r.row's latent (contract V4.1 1.4: bf16(x * inv * w)) when `publishes`, then its cache row
-// at `loc` where loc > 0, the page lies in the cache and the RoPE position inside freqs
+// at global entry `loc` where loc > 0, this rank owns it, its page lies in the cache and the RoPE
+// position inside freqs
 // (contract V4.1 2.3, 2.4). Every thread of the block calls it (row_sumsq); `publishes` is
 // uniform over a row.
 template <int kEncoding, int kChunks>
@@ -436,8 +438,8 @@ DSV4_DEVICE void publish_latent(const LatentOutputs& o, const RowThread& r, bool
   store_bf16_part(o.latent + r.row * kLowRatioHeadDim, r, o.vec_latent, lat);
   if (loc <= 0 || !in.rope_ok) return;
   RowDestination d;
-  if (!row_destination(o.cache, loc, o.layout, o.log2_page_size, o.page_size, o.num_pages,
-                       o.page_bytes, &d))
+  if (!row_destination(o.cache, loc, o.dcp, o.layout, o.log2_page_size, o.page_size,
+                       o.num_pages, o.page_bytes, &d))
     return;
   store_latent_part<kEncoding>(lat, in.f, r, d, o.vec_out);
 }

@@ -1,4 +1,4 @@
-// online_c128_mtp_commit_pending on the GPU (docs/contract.md 9.4): a block per batch entry
+// online_c128_mtp_commit_pending on the GPU (docs/contract.md 10.4): a block per batch entry
 // copies the bank of its accepted prefix into the main slot, 16 bytes a thread (a state row
 // is 3 * head_dim elements, a multiple of 16 bytes for either dtype).
 #pragma once

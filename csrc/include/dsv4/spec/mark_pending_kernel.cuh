@@ -1,4 +1,4 @@
-// online_c128_mtp_mark_pending on the GPU (docs/contract.md 9.3): one block clears every
+// online_c128_mtp_mark_pending on the GPU (docs/contract.md 10.3): one block clears every
 // pending entry, waits for its threads, then records the batch's lengths, so the two steps
 // need no second launch.
 #pragma once

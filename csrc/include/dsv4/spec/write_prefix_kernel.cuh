@@ -1,4 +1,4 @@
-// online_c128_mtp_write_prefix_states on the GPU (docs/contract.md 9.2): a thread per channel,
+// online_c128_mtp_write_prefix_states on the GPU (docs/contract.md 10.2): a thread per channel,
 // kStageBlock channels a block, grid (batch, head_dim / kStageBlock). A thread issues the loads
 // of up to kStageBurst verify tokens before it folds them one at a time (spec_math.h, the
 // online decode fold), so the state after each token is the row online decode stores.

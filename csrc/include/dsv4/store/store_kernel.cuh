@@ -51,6 +51,7 @@ struct StoreKernelArgs {
   int64_t num_pages;
   int64_t page_bytes;
   int64_t page_size;
+  Dcp dcp;  // out_loc names global entries: this rank stores the ones it owns (contract 9)
   int log2_page_size;
   int compress_ratio;
   float eps;
@@ -249,10 +250,10 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kForma
   }
   const int64_t loc = a.loc64 ? int64_t((uint64_t(loc_bits.y) << 32) | loc_bits.x)
                               : int64_t(int32_t(loc_bits.x));
-  const int64_t page = store_page_of(loc, a.log2_page_size, a.num_pages);
-  if (page < 0) return;  // negative or past the cache: writes nothing
-  const int64_t off = loc & (a.page_size - 1);
-  uint8_t* page_base = a.cache + page * a.page_bytes;
+  const CacheSlot slot = store_slot_of(loc, a.dcp, a.log2_page_size, a.num_pages);
+  if (slot.page < 0) return;  // negative, another rank's or past the cache: writes nothing
+  const int64_t off = slot.off;
+  uint8_t* page_base = a.cache + slot.page * a.page_bytes;
   constexpr bool kLayoutFormat = store_format_is_layout(kFormat);
   constexpr int kLayout = store_format_layout(kFormat);
   uint8_t* data = page_base + (kLayoutFormat ? layout_data_offset(kLayout, off)
