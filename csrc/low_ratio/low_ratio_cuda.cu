@@ -27,13 +27,6 @@ uint8_t* cache_bytes(at::Tensor& cache) { return static_cast<uint8_t*>(cache.dat
 #ifndef DSV4_LR_WIDE_PAIR_ROWS_MIN
 #define DSV4_LR_WIDE_PAIR_ROWS_MIN (int64_t(1) << 62)
 #endif
-// Rows a row slot of the c2 prefill's pass 1 handles (C2PrefillKernelArgs::slot_rows): 2, the
-// pairs (2p, 2p + 1), so that no slot sits out on an even row; 1 (A/B builds): a slot a row.
-#ifndef DSV4_LR_POOL_SLOT_ROWS
-#define DSV4_LR_POOL_SLOT_ROWS 2
-#endif
-static_assert(DSV4_LR_POOL_SLOT_ROWS == 1 || DSV4_LR_POOL_SLOT_ROWS == 2,
-              "DSV4_LR_POOL_SLOT_ROWS is 1 or 2");
 
 // The chunks a thread of a 512-dim row holds in a launch of n_rows rows (`rows_min` one of the
 // knobs above): 1 while the rows' four groups fit on the SMs at once, where one row's latency
@@ -246,11 +239,11 @@ void c2_prefill_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& sta
   a.extend_lens = extend_seq_lens.data_ptr<int32_t>();
   a.num_reqs = g.num_reqs;
   const LaunchEnv env = launch_env(kvcache);
-  // Pass 1 over every row, slot_rows a row slot (its mapping by the rows); pass 2 after it,
+  // Pass 1 over every row, kPoolSlotRows a row slot (its mapping by the rows); pass 2 after it,
   // over each request's last min(len, ring) rows (at most min(ring, n_rows)).
-  a.slot_rows = DSV4_LR_POOL_SLOT_ROWS;
+  constexpr int64_t kSlotRows = low_ratio::kPoolSlotRows;
   const int pool_chunks = row_chunks(g.n_rows, DSV4_LR_WIDE_PAIR_ROWS_MIN, env);
-  RowLaunch pool = row_launch((g.n_rows + a.slot_rows - 1) / a.slot_rows,
+  RowLaunch pool = row_launch((g.n_rows + kSlotRows - 1) / kSlotRows,
                               low_ratio::row_threads(pool_chunks), env, kC2PrefillOp, "kv_score");
   pool.chunks = pool_chunks;
   launch_for_encoding<C2PoolKernels>(g.layout, pool, env, a);

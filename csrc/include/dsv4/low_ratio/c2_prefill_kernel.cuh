@@ -11,6 +11,8 @@
 //     pdl_wait waits for pass 1's completion), so no pass-1 read sees a pass-2 write.
 #pragma once
 
+#include <type_traits>
+
 #include "row_encode.cuh"
 
 #if defined(DSV4_GPU_COMPILER)
@@ -24,10 +26,26 @@ struct C2PrefillKernelArgs {
   const int32_t* extend_lens;    // [num_reqs]
   int64_t num_reqs;
   int64_t park_blocks;  // park kernel blocks per request (rows per block * park_blocks >= ring)
-  int64_t slot_rows;    // pool kernel rows per row slot: 1 or 2 (pairs 2p, 2p + 1)
 };
 
+// Rows a row slot of pass 1 handles: 2, the pairs (2p, 2p + 1), so that no slot sits out on an
+// even row; 1 (a build knob for A/B runs): a slot a row. A compile-time constant: the kernel
+// of one row a slot has no second row's code.
+#ifndef DSV4_LR_POOL_SLOT_ROWS
+#define DSV4_LR_POOL_SLOT_ROWS 2
+#endif
+
 namespace low_ratio {
+
+constexpr int kPoolSlotRows = DSV4_LR_POOL_SLOT_ROWS;
+static_assert(kPoolSlotRows == 1 || kPoolSlotRows == 2, "DSV4_LR_POOL_SLOT_ROWS is 1 or 2");
+
+// Whether pass 1 loads its slot's rows before their indices are back (1) or once it knows which
+// row closes (0): a build knob for A/B runs, the same bytes either way.
+#ifndef DSV4_LR_POOL_EARLY_ROWS
+#define DSV4_LR_POOL_EARLY_ROWS 1
+#endif
+constexpr bool kPoolEarlyRows = DSV4_LR_POOL_EARLY_ROWS != 0;
 
 // For rows t0 and t1 (wanted0 / wanted1: whether to look), the first row of the lowest request
 // i whose range [start_i, start_i + len_i) holds the row (clipped to row 0), or -1
@@ -69,56 +87,71 @@ struct PoolRow {
   int64_t raw = 0;
   const float* partner = nullptr;  // non-null: the row closes (publishes a latent)
   bool vec_partner = false;
+  bool partner_r0 = false;  // the partner is the slot's first row (r1 in the batch with r0)
 };
 
-// The rows of row slot th.row (C2PrefillKernelArgs::slot_rows of them; row[1].t past them or
-// past the input rows gives a row that does not close) with their partners: an odd row with
-// raw_out_loc != 0 inside a request's range pools with row t - 1 (row 0 of the slot for row 1)
-// when that row is in the same range, has the same rid, position pos - 1 and raw_out_loc != 0,
-// else with the ring row (none: the row does not close).
-DSV4_DEVICE void pool_rows(const C2PrefillKernelArgs& a, const RowThread& th, PoolRow (&row)[2]) {
+// The rows r0, r1 of row slot th.row (kPoolSlotRows of them; r1 past them or past the input
+// rows does not close) with their partners: an odd row with raw_out_loc != 0 inside a request's
+// range pools with row t - 1 (r0 for r1) when that row is in the same range, has the same rid,
+// position pos - 1 and raw_out_loc != 0, else with the ring row (none: the row does not close).
+// Two named rows, no array: a row picked at run time from an array put it in local memory.
+DSV4_DEVICE void pool_rows(const C2PrefillKernelArgs& a, const RowThread& th, PoolRow* r0,
+                           PoolRow* r1) {
   const PairInputs& in = a.in;
-  row[0] = PoolRow{};
-  row[1] = PoolRow{};
-  row[0].t = th.row * a.slot_rows;
-  row[1].t = row[0].t + 1;
-  const bool live[2] = {row[0].t < in.n_rows, a.slot_rows == 2 && row[1].t < in.n_rows};
-  bool wanted[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    if (live[k]) {
-      row[k].raw = in.raw(row[k].t);
-      row[k].pos = in.pos(row[k].t);
-      row[k].rid = in.rid(row[k].t);
-    }
-    // Padded and even rows write nothing in pass 1; neither do rows outside every request's
-    // range.
-    wanted[k] = live[k] && row[k].raw != 0 && row[k].pos % 2 != 0;
+  *r0 = PoolRow{};
+  *r1 = PoolRow{};
+  r0->t = th.row * kPoolSlotRows;
+  r1->t = r0->t + 1;
+  const bool live0 = r0->t < in.n_rows, live1 = kPoolSlotRows == 2 && r1->t < in.n_rows;
+  if (live0) {
+    r0->raw = in.raw(r0->t);
+    r0->pos = in.pos(r0->t);
+    r0->rid = in.rid(r0->t);
   }
-  int64_t first[2];
-  request_starts_of(a.extend_start, a.extend_lens, a.num_reqs, row[0].t, wanted[0], row[1].t,
-                    wanted[1], th.lane, &first[0], &first[1]);
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    PoolRow& r = row[k];
-    if (!wanted[k] || first[k] < 0) continue;
-    bool in_batch = false;
-    if (r.t - 1 >= first[k]) {
-      if (k == 1) {
-        in_batch = row[0].rid == r.rid && row[0].pos == r.pos - 1 && row[0].raw != 0;
-      } else {
-        const int64_t p = r.t - 1;
-        in_batch = in.rid(p) == r.rid && in.pos(p) == r.pos - 1 && in.raw(p) != 0;
-      }
-    }
-    r.partner = in_batch ? in.row(r.t - 1) : in.ring_row(r.rid, r.pos - 1);
-    r.vec_partner = in_batch ? in.vec_in : in.vec_state;
+  if (live1) {
+    r1->raw = in.raw(r1->t);
+    r1->pos = in.pos(r1->t);
+    r1->rid = in.rid(r1->t);
   }
+  // Padded and even rows write nothing in pass 1; neither do rows outside every request's
+  // range.
+  const bool wanted0 = live0 && r0->raw != 0 && r0->pos % 2 != 0;
+  const bool wanted1 = live1 && r1->raw != 0 && r1->pos % 2 != 0;
+  int64_t first0, first1;
+  request_starts_of(a.extend_start, a.extend_lens, a.num_reqs, r0->t, wanted0, r1->t, wanted1,
+                    th.lane, &first0, &first1);
+  if (wanted0 && first0 >= 0) {
+    const int64_t p = r0->t - 1;
+    const bool in_batch =
+        p >= first0 && in.rid(p) == r0->rid && in.pos(p) == r0->pos - 1 && in.raw(p) != 0;
+    r0->partner = in_batch ? in.row(p) : in.ring_row(r0->rid, r0->pos - 1);
+    r0->vec_partner = in_batch ? in.vec_in : in.vec_state;
+  }
+  if (wanted1 && first1 >= 0) {
+    const bool in_batch = r0->t >= first1 && r0->rid == r1->rid && r0->pos == r1->pos - 1 &&
+                          r0->raw != 0;
+    r1->partner = in_batch ? in.row(r0->t) : in.ring_row(r1->rid, r1->pos - 1);
+    r1->vec_partner = in_batch ? in.vec_in : in.vec_state;
+    r1->partner_r0 = in_batch;
+  }
+}
+
+// r0 when `first`, else r1, field by field (selects, no address taken).
+DSV4_DEVICE PoolRow pick_row(bool first, const PoolRow& r0, const PoolRow& r1) {
+  PoolRow r;
+  r.t = first ? r0.t : r1.t;
+  r.pos = first ? r0.pos : r1.pos;
+  r.rid = first ? r0.rid : r1.rid;
+  r.raw = first ? r0.raw : r1.raw;
+  r.partner = first ? r0.partner : r1.partner;
+  r.vec_partner = first ? r0.vec_partner : r1.vec_partner;
+  r.partner_r0 = first ? r0.partner_r0 : r1.partner_r0;
+  return r;
 }
 
 }  // namespace low_ratio
 
-// A row slot (the row_threads of one row in the block) handles `slot_rows` consecutive rows
+// A row slot (the row_threads of one row in the block) handles kPoolSlotRows consecutive rows
 // (1, or 2: rows 2p and 2p + 1 of slot p): an even row writes nothing in pass 1, so a slot of
 // one row leaves its threads idle on every other row. Of its rows those that close are
 // published one per round: one round, or two when both close (the odd last row of a request
@@ -132,28 +165,49 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   const RowThread th = row_thread<kChunks>();
   pdl_wait();
   pdl_trigger();
-  // Publishes row r (or passes zeros through the barrier when `closes` is false).
-  const auto round = [&](const PoolRow& r, bool closes) {
+  // kPoolEarlyRows: the slot's rows t0, t0 + 1 go out with their indices (each is the row that
+  // closes, or t0 the partner of t0 + 1 in a request's batch); rows past the input stay zero.
+  const int64_t t0 = th.row * kPoolSlotRows;
+  PairPart<kChunks> early0 = {}, early1 = {};
+  if constexpr (kPoolEarlyRows) {
+    if (t0 < in.n_rows) load_pair_part(in.row(t0), th, in.vec_in, early0);
+    if (kPoolSlotRows == 2 && t0 + 1 < in.n_rows)
+      load_pair_part(in.row(t0 + 1), th, in.vec_in, early1);
+  }
+  // Publishes row r (or passes zeros through the barrier when `closes` is false); `early`
+  // (a compile-time flag): its values and a batch partner from early0 / early1, r being r0
+  // when `is_r0`; else loaded here.
+  const auto round = [&](const PoolRow& r, bool closes, bool is_r0, auto early) {
     RowThread rt = th;
     rt.row = r.t;
     LatentInputs<kChunks> li;
     if (closes) {
-      PairPart<kChunks> own;
-      load_pair_part(in.row(r.t), rt, in.vec_in, own);
-      load_pooled_inputs(a.out, rt, own, r.partner, r.vec_partner, r.pos, li);
+      PairPart<kChunks> own, partner;
+      if constexpr (decltype(early)::value) {
+        select_pair_part(is_r0, early0, early1, own);
+        if (r.partner_r0) partner = early0;
+        else load_pair_part(r.partner, rt, r.vec_partner, partner);
+      } else {
+        load_pair_part(in.row(r.t), rt, in.vec_in, own);
+        load_pair_part(r.partner, rt, r.vec_partner, partner);
+      }
+      pooled_inputs(a.out, rt, own, partner, r.pos, li);
     }
     publish_latent<kEncoding>(a.out, rt, closes, li, r.raw >> 1);  // every thread (a barrier)
   };
-  PoolRow row[2];
-  pool_rows(a, th, row);
-  const bool closes0 = row[0].partner != nullptr, closes1 = row[1].partner != nullptr;
-  round(closes0 ? row[0] : row[1], closes0 || closes1);
-  // A second round where a slot of the block (of the lane group: one group a row) has two rows;
-  // their values found again, which keeps them out of the first round's registers.
-  const bool both = closes0 && closes1;
-  if (kChunks == kRowChunks ? both : __syncthreads_or(both) != 0) {
-    pool_rows(a, th, row);
-    round(row[1], both);
+  PoolRow r0, r1;
+  pool_rows(a, th, &r0, &r1);
+  const bool closes0 = r0.partner != nullptr, closes1 = r1.partner != nullptr;
+  round(pick_row(closes0, r0, r1), closes0 || closes1, closes0,
+        std::integral_constant<bool, kPoolEarlyRows>{});
+  if constexpr (kPoolSlotRows == 2) {
+    // A second round where a slot of the block (of the lane group: one group a row) has two
+    // rows; their values found again, which keeps them out of the first round's registers.
+    const bool both = closes0 && closes1;
+    if (kChunks == kRowChunks ? both : __syncthreads_or(both) != 0) {
+      pool_rows(a, th, &r0, &r1);
+      round(r1, both, false, std::false_type{});
+    }
   }
 }
 

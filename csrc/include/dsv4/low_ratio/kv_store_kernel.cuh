@@ -32,6 +32,27 @@ struct KvStoreKernelArgs {
   bool vec_out;  // cache and page_bytes 8-byte aligned
 };
 
+// Loads of kv_store's input row before (1) or after (0) its destination is known (a build knob
+// for A/B runs; the same bytes either way).
+#ifndef DSV4_LR_EARLY_INPUT
+#define DSV4_LR_EARLY_INPUT 1
+#endif
+
+namespace low_ratio {
+// The thread's values of row r.row of x and, with freqs_rows, its RoPE pairs.
+template <bool kBf16, int kChunks>
+DSV4_DEVICE void load_kv_store_row(const KvStoreKernelArgs& a, const RowThread& r,
+                                   RowPart<kChunks>& v, float (&f)[4]) {
+  if constexpr (kBf16)
+    load_bf16_part(static_cast<const uint16_t*>(a.x) + r.row * kLowRatioHeadDim, r, a.vec_in, v);
+  else
+    load_f32_part(static_cast<const float*>(a.x) + r.row * kLowRatioHeadDim, r, a.vec_in, v);
+  if (a.freqs_rows != nullptr)
+    load_rope_pairs(a.freqs_rows + r.row * kRopeDim, r.lane, rope_thread<kChunks>(r), a.vec_in,
+                    f);
+}
+}  // namespace low_ratio
+
 template <int kEncoding, typename XT, int kChunks>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     kv_store_kernel(KvStoreKernelArgs a) {
@@ -41,20 +62,24 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   pdl_wait();
   pdl_trigger();
   if (r.row >= a.n_rows) return;
-  RowDestination d;
-  if (!row_destination(a.cache, load_index(a.loc, a.loc64, r.row), a.dcp, a.layout,
-                       a.log2_page_size, a.page_size, a.num_pages, a.page_bytes, &d))
-    return;
+  const int64_t loc = load_index(a.loc, a.loc64, r.row);
+#if DSV4_LR_EARLY_INPUT
+  // The row and its RoPE pairs go out with the index (in bounds whatever loc is): one memory
+  // round trip before the encoding instead of two.
   RowPart<kChunks> v;
-  const XT* row = static_cast<const XT*>(a.x) + r.row * kLowRatioHeadDim;
-  if constexpr (kBf16) load_bf16_part(reinterpret_cast<const uint16_t*>(row), r, a.vec_in, v);
-  else load_f32_part(reinterpret_cast<const float*>(row), r, a.vec_in, v);
-  if (a.freqs_rows != nullptr) {
-    float f[4];
-    load_rope_pairs(a.freqs_rows + r.row * kRopeDim, r.lane, rope_thread<kChunks>(r), a.vec_in,
-                    f);
-    rope_tail(v, f, r, kBf16);
-  }
+  float f[4];
+  load_kv_store_row<kBf16, kChunks>(a, r, v, f);
+#endif
+  RowDestination d;
+  if (!row_destination(a.cache, loc, a.dcp, a.layout, a.log2_page_size, a.page_size,
+                       a.num_pages, a.page_bytes, &d))
+    return;
+#if !DSV4_LR_EARLY_INPUT
+  RowPart<kChunks> v;
+  float f[4];
+  load_kv_store_row<kBf16, kChunks>(a, r, v, f);
+#endif
+  if (a.freqs_rows != nullptr) rope_tail(v, f, r, kBf16);
   encode_store_chunks<kEncoding, kChunks>(v, r.chunk, r.lane, d, a.vec_out);
 }
 

@@ -315,6 +315,18 @@ DSV4_DEVICE void load_pair_part(const float* row, const RowThread& r, bool vec,
   load_f32_part(row, r, vec, p.kv);
   load_f32_part(row + kLowRatioHeadDim, r, vec, p.score);
 }
+// out = first ? a : b, value by value (selects: no address taken).
+template <int kChunks>
+DSV4_DEVICE void select_pair_part(bool first, const PairPart<kChunks>& a,
+                                  const PairPart<kChunks>& b, PairPart<kChunks>& out) {
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out.kv[i][k] = first ? a.kv[i][k] : b.kv[i][k];
+      out.score[i][k] = first ? a.score[i][k] : b.score[i][k];
+    }
+}
 // Bitwise copy of a pair row's values (as loaded) into a state row.
 template <int kChunks>
 DSV4_DEVICE void store_pair_part(float* row, const RowThread& r, bool vec,
@@ -444,14 +456,12 @@ DSV4_DEVICE void publish_latent(const LatentOutputs& o, const RowThread& r, bool
   store_latent_part<kEncoding>(lat, in.f, r, d, o.vec_out);
 }
 
-// The inputs of the odd row of a ratio-2 pair (its own values `own`, its partner row at
-// `partner_row`, RoPE at pos - 1; contract V4.1 1.2, 1.4): x = bf16(pair_pool(partner, own)).
+// The inputs of the odd row of a ratio-2 pair (its own values `own`, its partner's `partner`,
+// RoPE at pos - 1; contract V4.1 1.2, 1.4): x = bf16(pair_pool(partner, own)).
 template <int kChunks>
-DSV4_DEVICE void load_pooled_inputs(const LatentOutputs& o, const RowThread& r,
-                                    const PairPart<kChunks>& own, const float* partner_row,
-                                    bool vec_partner, int64_t pos, LatentInputs<kChunks>& in) {
-  PairPart<kChunks> partner;
-  load_pair_part(partner_row, r, vec_partner, partner);
+DSV4_DEVICE void pooled_inputs(const LatentOutputs& o, const RowThread& r,
+                               const PairPart<kChunks>& own, const PairPart<kChunks>& partner,
+                               int64_t pos, LatentInputs<kChunks>& in) {
   load_latent_params(o, pos - 1, r, in);
 #pragma unroll
   for (int i = 0; i < kChunks; ++i)
@@ -459,6 +469,15 @@ DSV4_DEVICE void load_pooled_inputs(const LatentOutputs& o, const RowThread& r,
     for (int k = 0; k < 4; ++k)
       in.x[i][k] = round_to_bf16(
           pair_pool(partner.kv[i][k], partner.score[i][k], own.kv[i][k], own.score[i][k]));
+}
+// The same with the partner loaded from its row `partner_row`.
+template <int kChunks>
+DSV4_DEVICE void load_pooled_inputs(const LatentOutputs& o, const RowThread& r,
+                                    const PairPart<kChunks>& own, const float* partner_row,
+                                    bool vec_partner, int64_t pos, LatentInputs<kChunks>& in) {
+  PairPart<kChunks> partner;
+  load_pair_part(partner_row, r, vec_partner, partner);
+  pooled_inputs(o, r, own, partner, pos, in);
 }
 
 }  // namespace low_ratio
