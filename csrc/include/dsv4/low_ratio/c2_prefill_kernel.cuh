@@ -41,9 +41,9 @@ constexpr int kPoolSlotRows = DSV4_LR_POOL_SLOT_ROWS;
 static_assert(kPoolSlotRows == 1 || kPoolSlotRows == 2, "DSV4_LR_POOL_SLOT_ROWS is 1 or 2");
 
 // Whether pass 1 loads its slot's rows before their indices are back (1) or once it knows which
-// row closes (0): a build knob for A/B runs, the same bytes either way.
+// row closes (0, faster: 60 registers cost a block an SM, docs/design/low_ratio.md); same bytes.
 #ifndef DSV4_LR_POOL_EARLY_ROWS
-#define DSV4_LR_POOL_EARLY_ROWS 1
+#define DSV4_LR_POOL_EARLY_ROWS 0
 #endif
 constexpr bool kPoolEarlyRows = DSV4_LR_POOL_EARLY_ROWS != 0;
 
