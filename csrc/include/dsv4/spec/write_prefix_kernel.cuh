@@ -22,14 +22,25 @@ __global__ void __launch_bounds__(kStageBlock) write_prefix_kernel(const WritePr
   const StageEntry e = stage_entry(p, b);
   if (!e.active || c >= p.hd) return;
   compress::SoftmaxState s = stage_start<TS>(p, e, c);
+  int64_t slot = e.slot;
   for (int64_t step0 = 0; step0 < p.verify; step0 += kStageBurst) {
     float kv[kStageBurst], z[kStageBurst];
 #pragma unroll
     for (int u = 0; u < kStageBurst; ++u)
       if (step0 + u < p.verify) stage_input<TI>(p, e, b, step0 + u, c, kv[u], z[u]);
 #pragma unroll
-    for (int u = 0; u < kStageBurst; ++u)
-      if (step0 + u < p.verify) stage_step<TS>(p, e, step0 + u, c, kv[u], z[u], s);
+    for (int u = 0; u < kStageBurst; ++u) {
+      if (step0 + u >= p.verify) break;
+      const int32_t q = stage_q(e, step0 + u);
+      compress::OnlineRow o;
+      stage_fold<TS>(s, q, kv[u], z[u], o);
+      slot += p.slot_stride;
+      if (!stages_at(p, q, slot)) continue;
+      TS* w = static_cast<TS*>(p.state) + slot * 3 * p.hd;
+      store_from_f32(w, c, o.m);
+      store_from_f32(w, p.hd + c, o.S);
+      store_from_f32(w, 2 * p.hd + c, o.K);
+    }
   }
   pdl_trigger();
 }
