@@ -481,6 +481,27 @@ def test_errors(name, i, bad, msg, meta):
         op(*args)
 
 
+def test_gpu_row_alignment():
+    """The GPU staging kernel moves two channels as one vector: a padded row pitch of an even
+    stride gives the contiguous input's bytes, a row off the vector boundary raises."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    op, args = spec_samples("cuda")["write_prefix_states_float32"]
+    x, state = args[0], args[5]
+    want = state.clone()
+    op(*[want if i == 5 else a for i, a in enumerate(args)])
+    padded = torch.full((x.shape[0], x.shape[1] + 2), float("nan"), device=x.device)
+    padded[:, :x.shape[1]] = x
+    got = state.clone()
+    op(*[padded[:, :x.shape[1]] if i == 0 else got if i == 5 else a for i, a in enumerate(args)])
+    assert torch.equal(bits(got), bits(want))
+    odd = torch.zeros(x.shape[0], x.shape[1] + 1, device=x.device)
+    odd[:, 1:] = x
+    with pytest.raises(RuntimeError, match="dsv4.online_c128_mtp_write_prefix_states: "
+                                           "kv_score_input must start on a 8-byte boundary"):
+        op(*[odd[:, 1:] if i == 0 else a for i, a in enumerate(args)])
+
+
 def test_errors_device_mix():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")

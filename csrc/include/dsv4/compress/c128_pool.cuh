@@ -222,8 +222,9 @@ DSV4_DEVICE void c128_fold_tokens(const Params& p, int64_t e, int c0, const Wind
 
 // The pooling step: record e's window w (seg: an online segment) at the block's channels
 // c0 .. c0 + 63 into out[e] or the online state; an online segment of at most kTokenFoldMax
-// tokens is folded token by token instead (c128_fold_tokens). Decode: new_row is the window row the step
-// writes, pooled from input row e (-1: none). part: where the row groups' partial states go.
+// tokens is folded token by token instead (c128_fold_tokens). Decode: new_row is the window
+// row the step writes, pooled from input row e (-1: none). part: where the row groups'
+// partial states go.
 // A record that pools nothing (a decode step that closes none, an invalid record or segment of
 // a padded plan) writes zeros, or nothing in the online store pass; that is uniform across the
 // block, so no thread is left waiting at the barrier.
