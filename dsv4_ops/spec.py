@@ -19,7 +19,12 @@ import torch
 from . import ops
 
 __all__ = ["online_c128_mtp_write_prefix_states", "online_c128_mtp_mark_pending",
-           "online_c128_mtp_commit_pending", "max_verify_tokens"]
+           "online_c128_mtp_commit_pending", "max_verify_tokens", "ONLINE_TOKEN_FOLD_MAX"]
+
+# compress_forward folds an online segment of at most this many tokens one token at a time, as
+# online decode does (contract 3.5): a verify of up to this many tokens per request gives the
+# bytes of decoding them (the reference engine verifies up to 8: 7 drafts and the bonus).
+ONLINE_TOKEN_FOLD_MAX = 8
 
 
 def online_c128_mtp_write_prefix_states(kv_score_input: torch.Tensor, seq_lens: torch.Tensor,

@@ -45,7 +45,7 @@ class Case:
 
     def max_verify(self) -> int:
         if self.online:
-            return 8
+            return spec.ONLINE_TOKEN_FOLD_MAX
         return spec.max_verify_tokens(self.compress_ratio, self.ring_size or self.window)
 
     def __str__(self) -> str:

@@ -14,6 +14,7 @@ import torch
 
 import dsv4_ops  # noqa: F401  (registers torch.ops.dsv4)
 from dsv4_ops import kv_score_row_width, window_size
+from dsv4_ops.spec import ONLINE_TOKEN_FOLD_MAX
 from dsv4_ops.testing import reference
 
 # ---------------------------------------------------------------------------------------------
@@ -735,7 +736,9 @@ class OnlineSim:
         return out.cpu()
 
     def _local(self, rid, e, n, prev_slot):
-        """Step-local oracle of the segment of rid ending at e with n tokens."""
+        """Step-local oracle of the segment of rid ending at e with n tokens. A segment of at
+        most ONLINE_TOKEN_FOLD_MAX tokens folds one token at a time, the state stored in its
+        dtype between tokens as decode stores it (contract 3.5)."""
         hd = self.hd
         toks = self.X[rid][e - n:e]
         q = torch.arange(e - n, e) % 128
@@ -743,7 +746,13 @@ class OnlineSim:
         if (e - n) % 128 != 0 and prev_slot is not None:
             r = self.prev.view(-1, 3 * hd)[prev_slot].double()
             prev = (r[:hd], r[hd:2 * hd], r[2 * hd:])
-        return online_step64(prev, toks[:, :hd], toks[:, hd:], self.ape[q])
+        if n > ONLINE_TOKEN_FOLD_MAX:
+            return online_step64(prev, toks[:, :hd], toks[:, hd:], self.ape[q])
+        for i in range(n):
+            if prev is not None:
+                prev = tuple(t.to(self.sdt).double() for t in prev)
+            prev = online_step64(prev, toks[i:i + 1, :hd], toks[i:i + 1, hd:], self.ape[q[i:i + 1]])
+        return prev
 
     def _check_token(self, got, rid, s, local_K, what):
         assert_rows_close(got, local_K, self.odt, what + " (step oracle)")

@@ -164,10 +164,8 @@ void online_decode(const Ctx<TS, TI>& c) {
         if (active) {
           SoftmaxState s = q == 0 ? softmax_empty() : load_online(c, rec.read_page_0, ch);
           const TI* row = c.in + b * c.in_stride;
-          const float kv[1] = {load_as_f32(row, ch)};
-          const float z[1] = {load_as_f32(row, hd + ch) + c.ape[size_t(q * hd + ch)]};
-          const bool present[1] = {true};
-          softmax_fold<1>(s, z, kv, present);
+          online_fold_token(s, load_as_f32(row, hd + ch) + c.ape[size_t(q * hd + ch)],
+                            load_as_f32(row, ch));
           if (q == 127)
             res = softmax_value(s);
           else
@@ -180,7 +178,8 @@ void online_decode(const Ctx<TS, TI>& c) {
 }
 
 // Online prefill pass over plan_c (store == false: out[k] = K) or plan_w (store: (M, S, K) at
-// read_page_0). The segment's pooled state is merged after the stored one.
+// read_page_0). The segment's pooled state is merged after the stored one; a segment of at most
+// kTokenFoldMax tokens is folded token by token from the stored state instead (as decode).
 template <typename TS, typename TI>
 void online_prefill_pass(const Ctx<TS, TI>& c, bool store) {
   const auto* plan = reinterpret_cast<const CompressPlan*>(c.p.plan);
@@ -193,10 +192,16 @@ void online_prefill_pass(const Ctx<TS, TI>& c, bool store) {
       CompressPlan rec;
       std::memcpy(&rec, plan + k, sizeof(rec));
       const OnlineSegment seg = online_segment(rec);
-      pool_window(c, seg.win, res.data(), scratch.data());
+      const bool by_token = folds_by_token(seg);
+      const WindowRows w = resolve_rows(seg.win, 128, c.p.num_state_rows, c.p.num_in_rows);
+      if (!by_token) pool_window(c, seg.win, res.data(), scratch.data());
       for (int ch = 0; ch < hd; ++ch) {
         SoftmaxState x = res[size_t(ch)];
-        if (seg.merge) {
+        if (by_token) {
+          x = online_fold_tokens<TS, TI>(
+              seg.merge ? load_online(c, seg.read_slot, ch) : softmax_empty(), w, c.in,
+              c.in_stride, c.p.ape, c.p.ape_type, hd, ch);
+        } else if (seg.merge) {
           SoftmaxState y = load_online(c, seg.read_slot, ch);
           softmax_merge(y, x);
           x = y;

@@ -15,6 +15,31 @@ namespace {
 
 using WritePrefixKernel = void (*)(const WritePrefixParams);
 
+template <int kHd>
+WritePrefixKernel write_prefix_kernel_for(bool st_bf16, bool in_bf16) {
+  return !st_bf16 ? (!in_bf16 ? write_prefix_kernel<float, float, kHd>
+                              : write_prefix_kernel<float, uint16_t, kHd>)
+                  : (!in_bf16 ? write_prefix_kernel<uint16_t, float, kHd>
+                              : write_prefix_kernel<uint16_t, uint16_t, kHd>);
+}
+
+// The kernel moves kStageVec channels as one vector: every row it reads or writes must start
+// on that vector's boundary.
+void check_stage_alignment(const at::Tensor& kv_score_input, const at::Tensor& ape,
+                           const at::Tensor& state) {
+  const std::pair<const at::Tensor*, const char*> vec[] = {
+      {&kv_score_input, "kv_score_input"}, {&ape, "ape"}, {&state, "state"}};
+  for (const auto& t : vec) {
+    const int64_t bytes = kStageVec * t.first->element_size();
+    DSV4_CHECK(aligned(t.first->data_ptr(), uintptr_t(bytes)), kWritePrefixOp, t.second,
+               "must start on a ", bytes, "-byte boundary on the GPU (got a view at an "
+               "unaligned offset)");
+  }
+  DSV4_CHECK(kv_score_input.size(0) <= 1 || kv_score_input.stride(0) % kStageVec == 0,
+             kWritePrefixOp, "kv_score_input", "must have a row stride that is a multiple of ",
+             kStageVec, " elements on the GPU, got strides ", kv_score_input.strides());
+}
+
 void write_prefix_states_cuda(const at::Tensor& kv_score_input, const at::Tensor& seq_lens,
                               const at::Tensor& req_pool_indices, const at::Tensor& req_to_token,
                               const at::Tensor& ape, at::Tensor state, int64_t batch_size,
@@ -25,17 +50,16 @@ void write_prefix_states_cuda(const at::Tensor& kv_score_input, const at::Tensor
                          batch_size, num_verify_tokens, state_slot_stride, head_dim);
   DSV4_CHECK(state.is_cuda(), kWritePrefixOp, "state",
              "must be a CUDA tensor for the CUDA kernel, got ", state.device());
-  DSV4_CHECK(p.batch <= 0x7fffffff, kWritePrefixOp, "batch_size", "must be below 2^31, got ",
-             p.batch);
+  DSV4_CHECK(p.batch < (int64_t(1) << 30), kWritePrefixOp, "batch_size",
+             "must be below 2^30 (the grid holds 2 blocks a request), got ", p.batch);
+  check_stage_alignment(kv_score_input, ape, state);
   const c10::cuda::OptionalCUDAGuard guard(state.device());
   const LaunchEnv env = launch_env(state);
   const bool st_bf16 = state.scalar_type() == at::kBFloat16;
   const bool in_bf16 = kv_score_input.scalar_type() == at::kBFloat16;
-  const WritePrefixKernel kernel =
-      !st_bf16 ? (!in_bf16 ? write_prefix_kernel<float, float> : write_prefix_kernel<float, uint16_t>)
-               : (!in_bf16 ? write_prefix_kernel<uint16_t, float>
-                           : write_prefix_kernel<uint16_t, uint16_t>);
-  const dim3 grid(unsigned(p.batch), unsigned((p.hd + kStageBlock - 1) / kStageBlock));
+  const WritePrefixKernel kernel = p.hd == 512 ? write_prefix_kernel_for<512>(st_bf16, in_bf16)
+                                               : write_prefix_kernel_for<128>(st_bf16, in_bf16);
+  const dim3 grid(unsigned(stage_blocks(p.batch, p.hd)));
   launch_kernel(kernel, grid, dim3(kStageBlock), 0, env.stream, env.pdl, p);
   DSV4_CHECK_LAUNCH();
 }

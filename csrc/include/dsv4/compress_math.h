@@ -397,6 +397,51 @@ DSV4_HD OnlineRow to_online(const SoftmaxState& st) {
   return OnlineRow{st.m, canonical_nan(st.s), softmax_value(st)};
 }
 
+// The state after an online decode step stores s and the next step reads it back: (M, S, K)
+// rounded to the state's element type TS. `row` receives the stored values.
+template <typename TS>
+DSV4_HD SoftmaxState online_reload(const SoftmaxState& s, OnlineRow& row) {
+  const TS* tag = nullptr;
+  const OnlineRow o = to_online(s);
+  row = OnlineRow{round_to(tag, o.m), round_to(tag, o.S), round_to(tag, o.K)};
+  return from_online(row.m, row.S, row.K);
+}
+
+// Online decode's fold of one token (z = score + ape at its chunk offset) into s.
+DSV4_HD void online_fold_token(SoftmaxState& s, float z, float kv) {
+  const float zs[1] = {z}, kvs[1] = {kv};
+  const bool present[1] = {true};
+  softmax_fold<1>(s, zs, kvs, present);
+}
+
+// Online segments of at most this many tokens (every segment of a verify step: the reference
+// engine verifies up to 8 tokens) are folded one token at a time, as online decode folds them,
+// instead of pooled: their output row and stored state are the bytes of decoding the tokens.
+constexpr int32_t kTokenFoldMax = 8;
+
+DSV4_HD bool folds_by_token(const OnlineSegment& seg) {
+  return seg.valid && seg.win.hi - seg.win.lo <= kTokenFoldMax;
+}
+
+// Channel ch of a by-token segment (rows w.in_lo .. w.in_hi - 1 of its resolved window, from
+// the start state s: the stored state where it merges, else empty): each token folded as
+// online decode folds it, the state reloaded in TS between tokens as decode stores it.
+template <typename TS, typename TI>
+DSV4_HD SoftmaxState online_fold_tokens(SoftmaxState s, const WindowRows& w, const TI* in,
+                                        int64_t in_stride, const void* ape, int32_t ape_type,
+                                        int hd, int ch) {
+  for (int r = w.in_lo; r < w.in_hi; ++r) {
+    if (r > w.in_lo) {
+      OnlineRow stored;
+      s = online_reload<TS>(s, stored);
+    }
+    const TI* row = in + (int64_t(w.in_base) + r) * in_stride;
+    online_fold_token(s, load_as_f32(row, hd + ch) + load_ape(ape, ape_type, int64_t(r) * hd + ch),
+                      load_as_f32(row, ch));
+  }
+  return s;
+}
+
 // ---- kernel parameters (both backends) --------------------------------------------------------
 
 struct Params {

@@ -76,6 +76,7 @@ struct StageEntry {
   bool active;
   int64_t slot;
   int64_t seq;
+  int32_t q0;  // chunk offset of the first verify token (seq % 128)
 };
 
 DSV4_HD StageEntry stage_entry(const WritePrefixParams& p, int64_t b) {
@@ -83,25 +84,30 @@ DSV4_HD StageEntry stage_entry(const WritePrefixParams& p, int64_t b) {
   e.slot = load_index(p.req, p.req_type, b);
   e.seq = load_index(p.seq_lens, p.seq_type, b);
   e.active = e.slot >= 0 && e.slot < p.num_state_rows && e.seq >= 0;
+  e.q0 = int32_t(e.seq & (kChunk - 1));
   return e;
 }
 
-// Slot of the state after verify token `step` (0-based), or -1 where that token closes its
-// chunk (nothing is staged: the next token restarts) or the slot lies outside the state.
-DSV4_HD int64_t staged_slot(const WritePrefixParams& p, const StageEntry& e, int64_t step) {
-  if ((e.seq + step + 1) % kChunk == 0) return -1;
-  const int64_t s = e.slot + (step + 1) * p.slot_stride;
-  return s < p.num_state_rows ? s : -1;
+// Chunk offset of verify token `step` (position seq + step).
+DSV4_HD int32_t stage_q(const StageEntry& e, int64_t step) {
+  return int32_t((e.q0 + step) & (kChunk - 1));
+}
+
+// Whether the state after a verify token at chunk offset q is stored in its bank slot (`slot`:
+// the entry's slot + (step + 1) * slot_stride, step 0-based): not where the token closes its
+// chunk (nothing is staged: the next token restarts), nor past the state.
+DSV4_HD bool stages_at(const WritePrefixParams& p, int32_t q, int64_t slot) {
+  return q != kChunk - 1 && slot < p.num_state_rows;
 }
 
 // Channel c of entry b: the D verify tokens folded one at a time into the committed state, as
 // online decode does, the state after each token stored in its bank. Split into the start
-// state, the token's inputs and the fold, so that a GPU thread can issue the loads of several
-// tokens before it folds them; stage_channel is the whole sequence.
+// state, the token's inputs and the fold (stage_fold), so that a GPU thread can issue the loads
+// of several tokens and channels before it folds them; stage_channel is the whole sequence.
 template <typename TS>
 DSV4_HD compress::SoftmaxState stage_start(const WritePrefixParams& p, const StageEntry& e,
                                            int c) {
-  if (e.seq % kChunk == 0) return compress::softmax_empty();
+  if (e.q0 == 0) return compress::softmax_empty();
   const int64_t hd = p.hd;
   const TS* r = static_cast<const TS*>(p.state) + e.slot * 3 * hd;
   return compress::from_online(load_as_f32(r, c), load_as_f32(r, hd + c),
@@ -112,44 +118,41 @@ DSV4_HD compress::SoftmaxState stage_start(const WritePrefixParams& p, const Sta
 template <typename TI>
 DSV4_HD void stage_input(const WritePrefixParams& p, const StageEntry& e, int64_t b,
                          int64_t step, int c, float& kv, float& z) {
-  const int64_t hd = p.hd, q = (e.seq + step) % kChunk;
+  const int64_t hd = p.hd, q = stage_q(e, step);
   const TI* x = static_cast<const TI*>(p.input) + (b * p.verify + step) * p.in_row_stride;
   kv = load_as_f32(x, c);
   z = load_as_f32(x, hd + c) + compress::load_ape(p.ape, p.ape_type, q * hd + c);
 }
 
-// Fold token `step` into s (restart at chunk offset 0) and stage the state after it.
+// Fold the token at chunk offset q (kv, logit z) into s as online decode does (q == 0:
+// restart): `row` is the state after it as its dtype TS stores it, s the state the next
+// decode step reads back (after a token that closes its chunk neither is used: the next token
+// restarts). Branch-free, so that a GPU thread's tokens fold back to back.
 template <typename TS>
-DSV4_HD void stage_step(const WritePrefixParams& p, const StageEntry& e, int64_t step, int c,
-                        float kv, float z, compress::SoftmaxState& s) {
-  const int64_t hd = p.hd, q = (e.seq + step) % kChunk;
+DSV4_HD void stage_fold(compress::SoftmaxState& s, int32_t q, float kv, float z,
+                        compress::OnlineRow& row) {
   if (q == 0) s = compress::softmax_empty();
-  const float kvs[1] = {kv}, zs[1] = {z};
-  const bool present[1] = {true};
-  compress::softmax_fold<1>(s, zs, kvs, present);
-  if (q == kChunk - 1) return;  // closes the chunk: no state; the next token restarts
-  TS* st = static_cast<TS*>(p.state);
-  const compress::OnlineRow o = compress::to_online(s);
-  // The state as its dtype stores it: what the next decode step would read back.
-  const float m = compress::round_to(st, o.m), S = compress::round_to(st, o.S),
-              K = compress::round_to(st, o.K);
-  const int64_t slot = staged_slot(p, e, step);
-  if (slot >= 0) {
-    TS* w = st + slot * 3 * hd;
-    store_from_f32(w, c, m);
-    store_from_f32(w, hd + c, S);
-    store_from_f32(w, 2 * hd + c, K);
-  }
-  s = compress::from_online(m, S, K);
+  compress::online_fold_token(s, z, kv);
+  s = compress::online_reload<TS>(s, row);
 }
 
 template <typename TS, typename TI>
 DSV4_HD void stage_channel(const WritePrefixParams& p, const StageEntry& e, int64_t b, int c) {
+  const int64_t hd = p.hd;
   compress::SoftmaxState s = stage_start<TS>(p, e, c);
+  int64_t slot = e.slot;
   for (int64_t step = 0; step < p.verify; ++step) {
     float kv, z;
     stage_input<TI>(p, e, b, step, c, kv, z);
-    stage_step<TS>(p, e, step, c, kv, z, s);
+    const int32_t q = stage_q(e, step);
+    compress::OnlineRow o;
+    stage_fold<TS>(s, q, kv, z, o);
+    slot += p.slot_stride;
+    if (!stages_at(p, q, slot)) continue;
+    TS* w = static_cast<TS*>(p.state) + slot * 3 * hd;
+    store_from_f32(w, c, o.m);
+    store_from_f32(w, hd + c, o.S);
+    store_from_f32(w, 2 * hd + c, o.K);
   }
 }
 

@@ -190,9 +190,41 @@ DSV4_DEVICE void c128_merge_parts(const Params& p, const C128Parts& part, int64_
   }
 }
 
+// Threads t < kC128Ch: an online segment of at most kTokenFoldMax tokens folded token by token
+// at channel c0 + t, from the stored state where it merges (compress_math.h: the bytes of
+// online decode), into out[e] or its write slot.
+template <typename TS, typename TI, int kHd>
+DSV4_DEVICE void c128_fold_tokens(const Params& p, int64_t e, int c0, const WindowRows& w,
+                                  const OnlineSegment& seg) {
+  constexpr int64_t kStRow = 3 * int64_t(kHd);
+  const int t = int(threadIdx.x);
+  if (t >= kC128Ch) return;
+  const int ch = c0 + t;
+  TS* st = static_cast<TS*>(p.state);
+  SoftmaxState x = softmax_empty();
+  if (seg.merge && seg.read_slot >= 0 && seg.read_slot < p.num_state_rows) {
+    const TS* r = st + seg.read_slot * kStRow;
+    x = from_online(load_as_f32(r, ch), load_as_f32(r, kHd + ch),
+                    load_as_f32(r, 2 * int64_t(kHd) + ch));
+  }
+  x = online_fold_tokens<TS, TI>(x, w, static_cast<const TI*>(p.input), p.in_row_stride, p.ape,
+                                 p.ape_type, kHd, ch);
+  if (!p.online_store) {
+    store_out(p.out, p.out_type, e * kHd + ch, softmax_value(x));
+  } else if (seg.write_slot >= 0 && seg.write_slot < p.num_state_rows) {
+    TS* r = st + seg.write_slot * kStRow;
+    const OnlineRow o = to_online(x);
+    store_from_f32(r, ch, o.m);
+    store_from_f32(r, kHd + ch, o.S);
+    store_from_f32(r, 2 * int64_t(kHd) + ch, o.K);
+  }
+}
+
 // The pooling step: record e's window w (seg: an online segment) at the block's channels
-// c0 .. c0 + 63 into out[e] or the online state. Decode: new_row is the window row the step
-// writes, pooled from input row e (-1: none). part: where the row groups' partial states go.
+// c0 .. c0 + 63 into out[e] or the online state; an online segment of at most kTokenFoldMax
+// tokens is folded token by token instead (c128_fold_tokens). Decode: new_row is the window
+// row the step writes, pooled from input row e (-1: none). part: where the row groups'
+// partial states go.
 // A record that pools nothing (a decode step that closes none, an invalid record or segment of
 // a padded plan) writes zeros, or nothing in the online store pass; that is uniform across the
 // block, so no thread is left waiting at the barrier.
@@ -206,6 +238,13 @@ DSV4_DEVICE void c128_pool(const Params& p, C128Parts& part, int64_t e, int c0,
   if (!c128_pools<kMode>(w, seg)) {
     if (p.out != nullptr && t < kC128Ch) store_out(p.out, p.out_type, e * kHd + c0 + t, 0.0f);
     return;
+  }
+  if constexpr (kMode == kModeOnline) {
+    if (folds_by_token(seg)) {  // uniform across the block
+      pdl_trigger();
+      c128_fold_tokens<TS, TI, kHd>(p, e, c0, w, seg);
+      return;
+    }
   }
   float z[U][V], kv[U][V];
   c128_load_window<TS, TI, kMode, kHd>(p, e, c0 + lane * V, w, new_row, z, kv);

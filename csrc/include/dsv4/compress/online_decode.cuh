@@ -52,12 +52,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
     load_vec(in + b * p.in_row_stride + hd + c, z[0]);
     load_ape_rows<1, kVec, 0>(p.ape, p.ape_type, int64_t(q) * hd + c, a);  // one row: no stride
     add_ape(a, z);
-    const bool present[1] = {true};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float zj[1] = {z[0][j]}, kj[1] = {kv[0][j]};
-      softmax_fold<1>(s[j], zj, kj, present);
-    }
+    for (int j = 0; j < 4; ++j) online_fold_token(s[j], z[0][j], kv[0][j]);
     if (q == 127) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) res[j] = softmax_value(s[j]);
