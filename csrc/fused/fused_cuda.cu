@@ -1,18 +1,63 @@
 // compress_and_store on CUDA / HIP (contract 11): the checks of both halves (fused_checks.h),
-// then compress_forward's launches into the pooled rows (`out`, or a scratch of
-// kv_score_input's dtype from the caching allocator) and compress_norm_rope_store's launch on
-// them, on the current stream, the store a programmatic dependent launch of the pooling kernel.
-// The pair's kernels on the pair's arguments: the pair's bytes. No host sync, no host
-// allocation: safe inside CUDA-graph capture.
+// then
+//  * c4 and online cr 128 decode into a V4.0 store format, pooled rows of kv_score_input's
+//    dtype: one launch of a fused kernel (include/dsv4/fused/), compress_forward's pooling of a
+//    block's records followed by compress_norm_rope_store's store of them;
+//  * otherwise (c128 offline decode, prefill, the V4.1 layouts, an `out` of another dtype):
+//    compress_forward's launches and then compress_norm_rope_store's, the store a programmatic
+//    dependent launch (docs/design/fused.md).
+// Both run the pair's device code on the pair's arguments: the pair's bytes. The pooled rows
+// live in `out` or in a scratch of kv_score_input's dtype from the caching allocator. No host
+// sync, no host allocation: safe inside CUDA-graph capture.
 #include <torch/library.h>
 
 #include "compress/compress_launch.h"
 #include "cuda_glue.h"
 #include "fused/fused_checks.h"
+#include "include/dsv4/fused/kernel_set.cuh"
 #include "store/store_launch.h"
 
 namespace dsv4 {
 namespace {
+
+fused::KernelSet fused_kernels(bool st_bf16, bool in_bf16) {
+  if (!st_bf16 && !in_bf16) return fused::kernel_set<float, float>();
+  if (!st_bf16) return fused::kernel_set<float, uint16_t>();
+  if (!in_bf16) return fused::kernel_set<uint16_t, float>();
+  return fused::kernel_set<uint16_t, uint16_t>();
+}
+
+// The one-launch decode (c4, online cr 128) when it applies; false: the caller launches the
+// pair's kernels.
+bool launch_fused_decode(const FusedShape& f, const at::Tensor& kv_score_buffer,
+                         const at::Tensor& kv_score_input, const at::Tensor& ape,
+                         const at::Tensor& plan, const at::Tensor& rows,
+                         const at::Tensor& norm_weight, const at::Tensor& freqs,
+                         const at::Tensor& out_loc, const at::Tensor& kvcache,
+                         int64_t compress_ratio, double eps, const LaunchEnv& env) {
+  const compress::CallShape& cs = f.cs;
+  if (!cs.decode || !(cs.cr == 4 || cs.online) || f.g.layout != kLayoutV4 ||
+      rows.scalar_type() != kv_score_input.scalar_type())
+    return false;
+  const compress::Params p = compress::pass_params(
+      compress::make_params(cs, kv_score_buffer, kv_score_input, ape, rows), plan, true);
+  const StoreKernelArgs a = store_kernel_args(f.g, rows, plan, norm_weight, freqs, out_loc,
+                                              kvcache, true, compress_ratio, eps);
+  const fused::KernelSet k = fused_kernels(kv_score_buffer.scalar_type() == at::kBFloat16,
+                                           kv_score_input.scalar_type() == at::kBFloat16);
+  const int64_t n = p.num_records;
+  if (cs.online) {
+    const int64_t per_block = compress::online_decode_per_block(cs.hd);
+    launch_kernel(k.online_decode[f.g.format], dim3(unsigned((n + per_block - 1) / per_block)),
+                  dim3(compress::kBlock), 0, env.stream, env.pdl, p, a);
+  } else {
+    const int64_t per_block = compress::kC4Block / (cs.hd / compress::kVec);
+    launch_kernel(k.c4_decode[f.g.format], dim3(unsigned((n + per_block - 1) / per_block)),
+                  dim3(compress::kC4Block), 0, env.stream, env.pdl, p, a);
+  }
+  DSV4_CHECK_LAUNCH();
+  return true;
+}
 
 void compress_and_store_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_score_input,
                              const at::Tensor& ape, const at::Tensor& plan,
@@ -35,6 +80,9 @@ void compress_and_store_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_sc
   compress::check_gpu_alignment(kv_score_buffer, kv_score_input, ape, plan, plan_w, rows,
                                 kFusedOp);
   const LaunchEnv env = launch_env(kv_score_buffer);
+  if (launch_fused_decode(f, kv_score_buffer, kv_score_input, ape, plan, rows, norm_weight, freqs,
+                          out_loc, kvcache, compress_ratio, eps, env))
+    return;
   compress::launch_compress_forward(f.cs, kv_score_buffer, kv_score_input, ape, plan, plan_w,
                                     rows, env);
   launch_compress_norm_rope_store(f.g, rows, plan, norm_weight, freqs, out_loc, kvcache,
