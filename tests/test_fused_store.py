@@ -241,24 +241,26 @@ def test_steps_that_close_no_window(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("cr,hd,addressing,fmt,kernels", [
-    (4, 512, "swa_paged", "fp8_ds_mla", ["c4_decode_store_kernel"]),
-    (4, 128, "legacy", "fp4_indexer", ["c4_decode_store_kernel"]),
-    (128, 512, "online", "fp8_ds_mla", ["online_decode_store_kernel"]),
-    (128, 512, "req_ring", "fp8_ds_mla", ["c128_decode_kernel", "compress_norm_rope_store_kernel"]),
-], ids=["c4-hd512", "c4-hd128", "c128-online", "c128-offline"])
-def test_decode_launches(cr, hd, addressing, fmt, kernels):
+@pytest.mark.parametrize("cr,hd,addressing,fmt,layout,kernels", [
+    (4, 512, "swa_paged", "fp8_ds_mla", "v4", ["c4_decode_store_kernel"]),
+    (4, 512, "req_ring", "fp8_ds_mla", "v41_fp4", ["c4_decode_store_kernel"]),
+    (4, 128, "legacy", "fp4_indexer", "v4", ["c4_decode_store_kernel"]),
+    (128, 512, "online", "fp8_ds_mla", "v4", ["online_decode_store_kernel"]),
+    (128, 512, "req_ring", "fp8_ds_mla", "v4",
+     ["c128_decode_kernel", "compress_norm_rope_store_kernel"]),
+], ids=["c4-hd512", "c4-hd512-v41_fp4", "c4-hd128", "c128-online", "c128-offline"])
+def test_decode_launches(cr, hd, addressing, fmt, layout, kernels):
     """The kernels one decode call launches (docs/design/fused.md): one for c4 and online cr
-    128, the pair's two for cr 128 offline."""
+    128 (V4.1 layouts too), the pair's two for cr 128 offline."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = torch.device("cuda", 0)
     w = world_for(dev, cr, hd, addressing, F32, F32, decode=True)
     plan = plan_for(w, True)
-    cache = random_cache(w, fmt, "v4")
+    cache = random_cache(w, fmt, layout)
     kw = dict(head_dim=hd, compress_ratio=cr, is_online=w.is_online, norm_weight=w.norm_weight,
               norm_eps=1e-6, freq_cis=w.freqs, out_loc=w.out_loc, kvcache=cache,
-              page_size=w.cache_page_size, **FLAGS[fmt])
+              page_size=w.cache_page_size, layout=layout, **FLAGS[fmt])
     compress_and_store(w.state, w.kv_in, w.ape, plan, **kw)  # warm-up: no lazy work profiled
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -13,7 +13,12 @@ namespace fused {
   DSV4_FUSED_FORMAT_INSTANCES(TS, TI, kStoreFp8DsMla)                                       \
   DSV4_FUSED_FORMAT_INSTANCES(TS, TI, kStoreBf16)                                           \
   DSV4_FUSED_FORMAT_INSTANCES(TS, TI, kStoreFp8Indexer)                                     \
-  DSV4_FUSED_FORMAT_INSTANCES(TS, TI, kStoreFp4Indexer)
+  DSV4_FUSED_FORMAT_INSTANCES(TS, TI, kStoreFp4Indexer)                                     \
+  DSV4_FUSED_FORMAT_INSTANCES(TS, TI, store_layout_format(kLayoutV41))                      \
+  DSV4_FUSED_FORMAT_INSTANCES(TS, TI, store_layout_format(kLayoutV41Fp4))                   \
+  DSV4_FUSED_FORMAT_INSTANCES(TS, TI, store_layout_format(kLayoutUniformFp8))               \
+  DSV4_FUSED_FORMAT_INSTANCES(TS, TI, store_layout_format(kLayoutV41New))                   \
+  DSV4_FUSED_FORMAT_INSTANCES(TS, TI, store_layout_format(kLayoutV41Fp4New))
 DSV4_FUSED_INSTANCES(float, float)
 DSV4_FUSED_INSTANCES(float, uint16_t)
 DSV4_FUSED_INSTANCES(uint16_t, float)

@@ -6,7 +6,8 @@
 // threads, kC4Block / (hd / 4) records: hd 512 one, hd 128 four), whose pooled rows go to the
 // rows buffer (Params::out, kv_score_input's dtype TI); after a block barrier one 32-lane group
 // per record stores its row (StoreKernelArgs::kv = the same buffer, read back from L1 / L2).
-// kFormat: one of the four V4.0 store formats; its head_dim is the pooling's.
+// kFormat: a store kernel format (a V4.0 store format or fp8_ds_mla rows in a V4.1 layout,
+// store_layout_format); its head_dim is the pooling's.
 //
 // Instantiation (fused/instantiations/, through kernel_set_def.cuh), e.g.
 //   template __global__ void dsv4::fused::c4_decode_store_kernel<float, float, 0>(
@@ -24,7 +25,7 @@ namespace fused {
 template <typename TS, typename TI, int kFormat>
 __global__ void DSV4_COMPRESS_BOUNDS(compress::kC4Block, DSV4_C4_MIN_BLOCKS)
     c4_decode_store_kernel(const compress::Params p, const StoreKernelArgs a) {
-  constexpr int kHd = store_head_dim(kFormat);
+  constexpr int kHd = store_kernel_head_dim(kFormat);
   constexpr int kGroup = compress::kC4Block / (kHd / compress::kVec);  // records of the block
   pdl_wait();
   compress::c4_record_group<TS, TI, true, kHd>(p, blockIdx.x, nullptr);

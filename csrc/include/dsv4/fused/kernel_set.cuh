@@ -14,9 +14,13 @@ namespace fused {
 
 using Kernel = void (*)(compress::Params, StoreKernelArgs);
 
+// The store kernel's formats: the four StoreFormats, then fp8_ds_mla rows in each V4.1 layout
+// (store_layout_format).
+constexpr int kStoreKernelFormats = kStoreFp4Indexer + kNumKvLayouts;
+
 struct KernelSet {
-  Kernel c4_decode[4];      // c4_decode_store_kernel<TS, TI, format>, by StoreFormat
-  Kernel online_decode[4];  // online_decode_store_kernel<TS, TI, format>
+  Kernel c4_decode[kStoreKernelFormats];      // c4_decode_store_kernel<TS, TI, format>
+  Kernel online_decode[kStoreKernelFormats];  // online_decode_store_kernel<TS, TI, format>
 };
 
 // TS, TI in {float, uint16_t} (bf16 bits).

@@ -13,17 +13,26 @@
 namespace dsv4 {
 namespace fused {
 
+template <typename TS, typename TI, int kFormat>
+void set_format(KernelSet& k) {
+  k.c4_decode[kFormat] = c4_decode_store_kernel<TS, TI, kFormat>;
+  k.online_decode[kFormat] = online_decode_store_kernel<TS, TI, kFormat>;
+}
+
 template <typename TS, typename TI>
 KernelSet kernel_set() {
   KernelSet k{};
-  k.c4_decode[kStoreFp8DsMla] = c4_decode_store_kernel<TS, TI, kStoreFp8DsMla>;
-  k.c4_decode[kStoreBf16] = c4_decode_store_kernel<TS, TI, kStoreBf16>;
-  k.c4_decode[kStoreFp8Indexer] = c4_decode_store_kernel<TS, TI, kStoreFp8Indexer>;
-  k.c4_decode[kStoreFp4Indexer] = c4_decode_store_kernel<TS, TI, kStoreFp4Indexer>;
-  k.online_decode[kStoreFp8DsMla] = online_decode_store_kernel<TS, TI, kStoreFp8DsMla>;
-  k.online_decode[kStoreBf16] = online_decode_store_kernel<TS, TI, kStoreBf16>;
-  k.online_decode[kStoreFp8Indexer] = online_decode_store_kernel<TS, TI, kStoreFp8Indexer>;
-  k.online_decode[kStoreFp4Indexer] = online_decode_store_kernel<TS, TI, kStoreFp4Indexer>;
+  set_format<TS, TI, kStoreFp8DsMla>(k);
+  set_format<TS, TI, kStoreBf16>(k);
+  set_format<TS, TI, kStoreFp8Indexer>(k);
+  set_format<TS, TI, kStoreFp4Indexer>(k);
+  set_format<TS, TI, store_layout_format(kLayoutV41)>(k);
+  set_format<TS, TI, store_layout_format(kLayoutV41Fp4)>(k);
+  set_format<TS, TI, store_layout_format(kLayoutUniformFp8)>(k);
+  set_format<TS, TI, store_layout_format(kLayoutV41New)>(k);
+  set_format<TS, TI, store_layout_format(kLayoutV41Fp4New)>(k);
+  static_assert(store_layout_format(kLayoutV41Fp4New) + 1 == kStoreKernelFormats,
+                "every store kernel format has its fused kernels");
   return k;
 }
 

@@ -5,7 +5,8 @@
 // online_decode_store_kernel<TS, TI, kFormat>: kBlock threads, kBlock / (hd / 4) entries (hd 512:
 // two); the rows go to the rows buffer (Params::out, kv_score_input's dtype TI) and, after a
 // block barrier, one 32-lane group per entry stores its row (the rows of entries that close no
-// chunk are zeros and store nothing). kFormat: one of the four V4.0 store formats.
+// chunk are zeros and store nothing). kFormat: a store kernel format (a V4.0 store format or
+// fp8_ds_mla rows in a V4.1 layout, store_layout_format).
 //
 // Instantiation (fused/instantiations/, through kernel_set_def.cuh), e.g.
 //   template __global__ void dsv4::fused::online_decode_store_kernel<float, float, 0>(
@@ -26,7 +27,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(compress::kBlock, 2)
   pdl_wait();
   compress::online_decode_entry<TS, TI>(p);
   __syncthreads();  // the block's rows are written (global memory, visible to the block)
-  store_block_rows<kFormat, TI>(a, compress::online_decode_per_block(store_head_dim(kFormat)));
+  constexpr int kHd = store_kernel_head_dim(kFormat);
+  store_block_rows<kFormat, TI>(a, compress::online_decode_per_block(kHd));
 }
 
 }  // namespace fused
