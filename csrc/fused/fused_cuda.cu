@@ -1,10 +1,9 @@
 // compress_and_store on CUDA / HIP (contract 11): the checks of both halves (fused_checks.h),
 // then
-//  * c4 and online cr 128 decode (every store format and V4.1 layout), pooled rows of
-//    kv_score_input's dtype: one launch of a fused kernel (include/dsv4/fused/),
-//    compress_forward's pooling of a block's records followed by compress_norm_rope_store's
-//    store of them;
-//  * otherwise (c128 offline decode, prefill, an `out` of another dtype):
+//  * c4 and online cr 128 decode (every store format and V4.1 layout): one launch of a fused
+//    kernel (include/dsv4/fused/), compress_forward's pooling of a block's records followed
+//    by compress_norm_rope_store's store of them;
+//  * otherwise (c128 offline decode, prefill):
 //    compress_forward's launches and then compress_norm_rope_store's, the store a programmatic
 //    dependent launch (docs/design/fused.md).
 // Both run the pair's device code on the pair's arguments: the pair's bytes. The pooled rows
@@ -37,9 +36,7 @@ bool launch_fused_decode(const FusedShape& f, const at::Tensor& kv_score_buffer,
                          const at::Tensor& out_loc, const at::Tensor& kvcache,
                          int64_t compress_ratio, double eps, const LaunchEnv& env) {
   const compress::CallShape& cs = f.cs;
-  if (!cs.decode || !(cs.cr == 4 || cs.online) ||
-      rows.scalar_type() != kv_score_input.scalar_type())
-    return false;
+  if (!cs.decode || !(cs.cr == 4 || cs.online)) return false;
   // A non-v4 layout is fp8_ds_mla's (checked): its rows in the layout's encoding.
   const int format = f.g.layout == kLayoutV4 ? f.g.format : store_layout_format(f.g.layout);
   const compress::Params p = compress::pass_params(
@@ -49,13 +46,14 @@ bool launch_fused_decode(const FusedShape& f, const at::Tensor& kv_score_buffer,
   const fused::KernelSet k = fused_kernels(kv_score_buffer.scalar_type() == at::kBFloat16,
                                            kv_score_input.scalar_type() == at::kBFloat16);
   const int64_t n = p.num_records;
+  const int to = rows.scalar_type() == at::kBFloat16 ? 1 : 0;
   if (cs.online) {
     const int64_t per_block = compress::online_decode_per_block(cs.hd);
-    launch_kernel(k.online_decode[format], dim3(unsigned((n + per_block - 1) / per_block)),
+    launch_kernel(k.online_decode[to][format], dim3(unsigned((n + per_block - 1) / per_block)),
                   dim3(compress::kBlock), 0, env.stream, env.pdl, p, a);
   } else {
     const int64_t per_block = compress::kC4Block / (cs.hd / compress::kVec);
-    launch_kernel(k.c4_decode[format], dim3(unsigned((n + per_block - 1) / per_block)),
+    launch_kernel(k.c4_decode[to][format], dim3(unsigned((n + per_block - 1) / per_block)),
                   dim3(compress::kC4Block), 0, env.stream, env.pdl, p, a);
   }
   DSV4_CHECK_LAUNCH();

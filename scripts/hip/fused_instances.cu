@@ -4,11 +4,14 @@
 
 namespace dsv4 {
 namespace fused {
+#define DSV4_FUSED_ROWS_INSTANCES(TS, TI, TO, F)                                            \
+  template __global__ void c4_decode_store_kernel<TS, TI, TO, F>(const compress::Params,    \
+                                                                 const StoreKernelArgs);    \
+  template __global__ void online_decode_store_kernel<TS, TI, TO, F>(                       \
+      const compress::Params, const StoreKernelArgs);
 #define DSV4_FUSED_FORMAT_INSTANCES(TS, TI, F)                                              \
-  template __global__ void c4_decode_store_kernel<TS, TI, F>(const compress::Params,        \
-                                                             const StoreKernelArgs);        \
-  template __global__ void online_decode_store_kernel<TS, TI, F>(const compress::Params,    \
-                                                                 const StoreKernelArgs);
+  DSV4_FUSED_ROWS_INSTANCES(TS, TI, float, F)                                               \
+  DSV4_FUSED_ROWS_INSTANCES(TS, TI, uint16_t, F)
 #define DSV4_FUSED_INSTANCES(TS, TI)                                                        \
   DSV4_FUSED_FORMAT_INSTANCES(TS, TI, kStoreFp8DsMla)                                       \
   DSV4_FUSED_FORMAT_INSTANCES(TS, TI, kStoreBf16)                                           \

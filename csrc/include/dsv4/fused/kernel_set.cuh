@@ -18,9 +18,10 @@ using Kernel = void (*)(compress::Params, StoreKernelArgs);
 // (store_layout_format).
 constexpr int kStoreKernelFormats = kStoreFp4Indexer + kNumKvLayouts;
 
+// [rows bf16][format]: the rows (out) fp32 (0) or bf16 (1).
 struct KernelSet {
-  Kernel c4_decode[kStoreKernelFormats];      // c4_decode_store_kernel<TS, TI, format>
-  Kernel online_decode[kStoreKernelFormats];  // online_decode_store_kernel<TS, TI, format>
+  Kernel c4_decode[2][kStoreKernelFormats];      // c4_decode_store_kernel<TS, TI, TO, format>
+  Kernel online_decode[2][kStoreKernelFormats];  // online_decode_store_kernel<TS, TI, TO, format>
 };
 
 // TS, TI in {float, uint16_t} (bf16 bits).

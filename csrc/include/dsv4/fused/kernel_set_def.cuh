@@ -15,8 +15,10 @@ namespace fused {
 
 template <typename TS, typename TI, int kFormat>
 void set_format(KernelSet& k) {
-  k.c4_decode[kFormat] = c4_decode_store_kernel<TS, TI, kFormat>;
-  k.online_decode[kFormat] = online_decode_store_kernel<TS, TI, kFormat>;
+  k.c4_decode[0][kFormat] = c4_decode_store_kernel<TS, TI, float, kFormat>;
+  k.c4_decode[1][kFormat] = c4_decode_store_kernel<TS, TI, uint16_t, kFormat>;
+  k.online_decode[0][kFormat] = online_decode_store_kernel<TS, TI, float, kFormat>;
+  k.online_decode[1][kFormat] = online_decode_store_kernel<TS, TI, uint16_t, kFormat>;
 }
 
 template <typename TS, typename TI>
