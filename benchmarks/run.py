@@ -2,7 +2,7 @@
 """Run every dsv4_ops benchmark family on the current device and write the results.
 
     python benchmarks/run.py [--quick] [--only REGEX] [--out DIR]
-                             [--families plan,compress,store,step,low_ratio,cp,spec]
+                             [--families plan,compress,store,step,fused,low_ratio,cp,spec]
 
 Prints one table (time, bytes moved, effective bandwidth, % of the device copy bandwidth
 measured in the same run, speed-up over the plain-PyTorch reference) and writes, under --out:
@@ -30,16 +30,16 @@ if __package__ in (None, ""):
 
 from benchmarks import common as C
 
-FAMILIES = ["plan", "compress", "store", "step", "low_ratio", "cp", "spec"]
+FAMILIES = ["plan", "compress", "store", "step", "fused", "low_ratio", "cp", "spec"]
 
 
 def family_functions():
-    from benchmarks import (bench_compress, bench_cp, bench_low_ratio, bench_plan, bench_spec,
-                            bench_store)
+    from benchmarks import (bench_compress, bench_cp, bench_fused, bench_low_ratio, bench_plan,
+                            bench_spec, bench_store)
 
     return {"plan": bench_plan.rows, "compress": bench_compress.rows, "store": bench_store.rows,
-            "step": bench_store.step_rows, "low_ratio": bench_low_ratio.rows, "cp": bench_cp.rows,
-            "spec": bench_spec.rows}
+            "step": bench_store.step_rows, "fused": bench_fused.rows,
+            "low_ratio": bench_low_ratio.rows, "cp": bench_cp.rows, "spec": bench_spec.rows}
 
 
 def _clean(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -87,6 +87,17 @@ TORCH_LIBRARY(dsv4, m) {
       "int page_size, str store_format, str layout=\"v4\", int dcp_world_size=1, "
       "int dcp_rank=0, int dcp_interleave=1) -> ()");
 
+  // ---- compress_and_store (contract 11) --------------------------------------------------------
+  // compress_forward then compress_norm_rope_store of its rows, in one call: decode when plan_w
+  // is None. out (the pooled rows) is optional; without it the rows live only inside the call,
+  // as kv_score_input's dtype. Arguments and bytes are those of the pair.
+  m.def(
+      "compress_and_store(Tensor(a!) kv_score_buffer, Tensor kv_score_input, Tensor ape, "
+      "Tensor plan, Tensor? plan_w, Tensor norm_weight, Tensor freqs, Tensor out_loc, "
+      "Tensor(b!) kvcache, Tensor(c!)? out, int head_dim, int compress_ratio, bool is_online, "
+      "float eps, int page_size, str store_format, str layout=\"v4\", int dcp_world_size=1, "
+      "int dcp_rank=0, int dcp_interleave=1) -> ()");
+
   // ---- V4.1 ratio-1 / ratio-2 compressors and stores (contract V4.1 1 - 3) --------------------
   // layout: "v4" | "v41" | "v41_fp4" | "uniform_fp8" | "v41_new" | "v41_fp4_new".
   // Ratio 1: RMSNorm of every bf16 kv row into latent; RoPE + quantised store where out_loc > 0.

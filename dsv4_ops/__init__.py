@@ -7,6 +7,9 @@
     kv = dsv4_ops.compress_forward(state, kv_score, ape, plan, head_dim=512, compress_ratio=4)
     dsv4_ops.compress_norm_rope_store(kv, plan, norm_weight=w, norm_eps=1e-6, freq_cis=f,
                                       out_loc=loc, kvcache=cache, page_size=64)
+    # or both in one op (the same bytes): dsv4_ops.compress_and_store(state, kv_score, ape,
+    # plan, head_dim=512, compress_ratio=4, norm_weight=w, norm_eps=1e-6, freq_cis=f,
+    # out_loc=loc, kvcache=cache, page_size=64)
 
 V4.1's ratio-1 / ratio-2 compressors and stores (dsv4_ops.low_ratio) take the reference
 engine's signatures: `c1_decode_norm_rope_store`, `c2_decode_norm_rope_store`,
@@ -23,7 +26,8 @@ Decode context parallelism: every store takes `dcp_world_size`, `dcp_rank`, `dcp
 and writes only this rank's share of the cache (`dcp_local_slot`, `dcp_local_pages`).
 """
 from . import ops
-from .compressor import compress_forward, compress_norm_rope_store, store_format_of
+from .compressor import (compress_and_store, compress_forward, compress_norm_rope_store,
+                         store_format_of)
 from .layout import (STORE_FORMATS, Compressor, KVLayout, StoreFormat, cache_page_bytes,
                      dcp_local_pages, dcp_local_slot, is_valid_kv_layout_pair, kv_cache,
                      kv_score_row_width, pair_ring_size, state_buffer, state_row_width,
@@ -39,7 +43,7 @@ from .validate import set_debug, validate_compress, validate_store
 
 __all__ = [
     "ops", "CompressorDecodePlan", "CompressorPrefillPlan", "compress_forward",
-    "compress_norm_rope_store", "store_format_of", "set_debug", "validate_compress",
+    "compress_norm_rope_store", "compress_and_store", "store_format_of", "set_debug", "validate_compress",
     "validate_store", "STORE_FORMATS", "Compressor", "StoreFormat", "cache_page_bytes",
     "kv_cache", "kv_score_row_width", "state_buffer", "state_row_width", "state_slots",
     "window_size", "KVLayout", "is_valid_kv_layout_pair", "pair_ring_size",

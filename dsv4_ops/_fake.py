@@ -245,7 +245,14 @@ def _pooling_inputs(op, kv_score_buffer, kv_score_input, ape, head_dim, compress
 
 @torch.library.register_fake("dsv4::compress_forward")
 def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compress_ratio, is_online):
-    op = "compress_forward"
+    _compress_forward_args("compress_forward", kv_score_buffer, kv_score_input, ape, plan, plan_w,
+                           out, head_dim, compress_ratio, is_online)
+    return None
+
+
+def _compress_forward_args(op, kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim,
+                           compress_ratio, is_online) -> None:
+    """compress_checks.h's check_compress_forward, naming `op`."""
     _ratio(compress_ratio, op)
     _check(not is_online or compress_ratio == 128, op, "is_online",
            lambda: f"needs compress_ratio 128 (the online running state is cr = 128 only), got "
@@ -270,7 +277,6 @@ def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, out, head_dim, compres
                    (plan_w, "plan_w"), (out, "out")):
         if t is not None:
             _device(t, dev, op, arg)
-    return None
 
 
 # ---- context-parallel prefill (csrc/cp/cp_checks.h) -----------------------------------------
@@ -344,7 +350,15 @@ _STORE_HEAD_DIM = {name: fmt.head_dim for name, fmt in STORE_FORMATS.items()}
 @torch.library.register_fake("dsv4::compress_norm_rope_store")
 def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio, eps, page_size,
       store_format, layout="v4", dcp_world_size=1, dcp_rank=0, dcp_interleave=1):
-    op = "compress_norm_rope_store"
+    _store_args("compress_norm_rope_store", kv, plan, norm_weight, freqs, out_loc, kvcache,
+                compress_ratio, eps, page_size, store_format, layout, dcp_world_size, dcp_rank,
+                dcp_interleave)
+    return None
+
+
+def _store_args(op, kv, plan, norm_weight, freqs, out_loc, kvcache, compress_ratio, eps,
+                page_size, store_format, layout, dcp_world_size, dcp_rank, dcp_interleave) -> None:
+    """store_checks.h's check_store_args and check_store_eps, naming `op`."""
     _dcp(op, dcp_world_size, dcp_rank, dcp_interleave)
     _check(store_format in _STORE_HEAD_DIM, op, "store_format",
            lambda: f"must be one of fp8_ds_mla, bf16, fp8_indexer, fp4_indexer, got "
@@ -399,6 +413,34 @@ def _(kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode, compress_ratio,
                        f"hold a larger page_size of store_format {store_format}")
     _check(0.0 <= eps <= 1.7976931348623157e308, op, "eps",
            lambda: f"(norm_eps) must be finite and >= 0, got {eps}")
+
+
+# ---- compress_and_store (csrc/fused/fused_checks.h) ------------------------------------------
+
+@torch.library.register_fake("dsv4::compress_and_store")
+def _(kv_score_buffer, kv_score_input, ape, plan, plan_w, norm_weight, freqs, out_loc, kvcache,
+      out, head_dim, compress_ratio, is_online, eps, page_size, store_format, layout="v4",
+      dcp_world_size=1, dcp_rank=0, dcp_interleave=1):
+    op = "compress_and_store"
+    rows = out
+    if rows is None:  # fused_rows: kv_score_input's dtype
+        _check(head_dim in (128, 512), op, "head_dim",
+               lambda: f"must be 128 or 512, got {head_dim}")
+        _dim(plan, op, "plan", 2)
+        rows = kv_score_input.new_empty((plan.shape[0], head_dim))
+    _check(kvcache.device == kv_score_buffer.device, op, "kvcache",
+           lambda: f"must be on {kv_score_buffer.device} (kv_score_buffer's device), got "
+                   f"{kvcache.device}")
+    _compress_forward_args(op, kv_score_buffer, kv_score_input, ape, plan, plan_w, rows, head_dim,
+                           compress_ratio, is_online)
+    _check(store_format in _STORE_HEAD_DIM, op, "store_format",
+           lambda: f"must be one of fp8_ds_mla, bf16, fp8_indexer, fp4_indexer, got "
+                   f"'{store_format}'")
+    _check(_STORE_HEAD_DIM[store_format] == head_dim, op, "store_format",
+           lambda: f"{store_format} stores rows of {_STORE_HEAD_DIM[store_format]} dims, but "
+                   f"head_dim is {head_dim}")
+    _store_args(op, rows, plan, norm_weight, freqs, out_loc, kvcache, compress_ratio, eps,
+                page_size, store_format, layout, dcp_world_size, dcp_rank, dcp_interleave)
     return None
 
 

@@ -52,18 +52,19 @@ def _format_table():
 _FORMAT_OF = _format_table()
 
 
-def store_format_of(head_dim: int, use_fp4: bool = False, bf16_store: bool = False) -> str:
+def store_format_of(head_dim: int, use_fp4: bool = False, bf16_store: bool = False,
+                    fn: str = "compress_norm_rope_store") -> str:
     """The cache format compress_norm_rope_store writes for this head_dim and flags (a key of
-    dsv4_ops.STORE_FORMATS)."""
+    dsv4_ops.STORE_FORMATS); errors name the function `fn`."""
     fmt = _FORMAT_OF.get((head_dim, bool(use_fp4), bool(bf16_store)))
     if fmt is not None:
         return fmt
     if head_dim not in {f.head_dim for f in STORE_FORMATS.values()}:
-        raise ValueError(f"dsv4.compress_norm_rope_store: kv.shape[1] (head_dim) must be 128 or "
-                         f"512, got {head_dim}")
+        what = "head_dim" if fn == "compress_and_store" else "kv.shape[1] (head_dim)"
+        raise ValueError(f"dsv4.{fn}: {what} must be 128 or 512, got {head_dim}")
     if use_fp4 and head_dim != STORE_FORMATS["fp4_indexer"].head_dim:
-        raise ValueError("dsv4.compress_norm_rope_store: use_fp4 needs head_dim 128 (indexer)")
-    raise ValueError("dsv4.compress_norm_rope_store: bf16_store needs head_dim 512")
+        raise ValueError(f"dsv4.{fn}: use_fp4 needs head_dim 128 (indexer)")
+    raise ValueError(f"dsv4.{fn}: bf16_store needs head_dim 512")
 
 
 # The Python layer's own checks run only once a call has failed (no host time on the hot
@@ -76,32 +77,32 @@ def _check_plan(fn: str, plan, err: Exception) -> None:
                         f"plan tensors go to dsv4_ops.ops.{fn}_op") from err
 
 
-def _check_store_args(plan, norm_eps, freq_cis, err: Exception) -> None:
-    _check_plan("compress_norm_rope_store", plan, err)
+def _check_store_args(plan, norm_eps, freq_cis, err: Exception,
+                      fn: str = "compress_norm_rope_store") -> None:
+    _check_plan(fn, plan, err)
     eps = float(norm_eps)
     if not 0.0 <= eps < math.inf:
-        raise ValueError(f"dsv4.compress_norm_rope_store: norm_eps must be finite and >= 0, got "
-                         f"{norm_eps}") from err
+        raise ValueError(f"dsv4.{fn}: norm_eps must be finite and >= 0, got {norm_eps}") from err
     want = 32 if freq_cis.is_complex() else 64
     if freq_cis.dim() != 2 or freq_cis.shape[1] != want \
             or freq_cis.dtype not in (torch.complex64, torch.float32) \
             or not freqs_as_real(freq_cis).is_contiguous():
-        raise ValueError(f"dsv4.compress_norm_rope_store: freq_cis must be complex64 "
+        raise ValueError(f"dsv4.{fn}: freq_cis must be complex64 "
                          f"[max_pos, 32] (or its real view, float32 [max_pos, 64]), contiguous, "
                          f"got {freq_cis.dtype} {list(freq_cis.shape)} with strides "
                          f"{freq_cis.stride()}") from err
 
 
-def _store_layout(layout, fmt: str) -> str:
+def _store_layout(layout, fmt: str, fn: str = "compress_norm_rope_store") -> str:
     """The layout's name; a V4.1 layout needs the fp8_ds_mla format (head_dim 512, neither
     use_fp4 nor bf16_store)."""
     try:
         kv_layout = KVLayout.parse(layout)
     except ValueError as err:
-        raise ValueError(f"dsv4.compress_norm_rope_store: layout must be one of "
+        raise ValueError(f"dsv4.{fn}: layout must be one of "
                          f"{', '.join(m.value for m in KVLayout)}, got {layout!r}") from err
     if kv_layout is not KVLayout.V4 and fmt != "fp8_ds_mla":
-        raise ValueError(f"dsv4.compress_norm_rope_store: layout {kv_layout.value} needs "
+        raise ValueError(f"dsv4.{fn}: layout {kv_layout.value} needs "
                          f"head_dim 512 without use_fp4 or bf16_store (store format "
                          f"fp8_ds_mla), got store format {fmt}")
     return kv_layout.value
@@ -154,3 +155,43 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: Plan, *, norm_weight: torch
     except (AttributeError, IndexError, RuntimeError, TypeError, ValueError) as err:
         _check_store_args(plan, norm_eps, freq_cis, err)
         raise
+
+
+def compress_and_store(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
+                       ape: torch.Tensor, plan: Plan, *, head_dim: int, compress_ratio: int,
+                       norm_weight: torch.Tensor, norm_eps: float, freq_cis: torch.Tensor,
+                       out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
+                       use_fp4: bool = False, bf16_store: bool = False, is_online: bool = False,
+                       out: Optional[torch.Tensor] = None,
+                       layout: Union[KVLayout, str] = KVLayout.V4, dcp_world_size: int = 1,
+                       dcp_rank: int = 0, dcp_interleave: int = 1) -> Optional[torch.Tensor]:
+    """compress_forward followed by compress_norm_rope_store of its rows, in one op (contract
+    11): the same state rows, cache bytes and (when given) `out` as the two calls with these
+    arguments. Returns `out`: None unless the caller passes the tensor for the pooled rows
+    ([N, head_dim] fp32 / bf16), which are otherwise not kept (they are kv_score_input's dtype
+    inside the call, as compress_forward's default `out`).
+
+    The store format comes from head_dim and the flags as in compress_norm_rope_store; the
+    arguments, preconditions and errors are the two functions', named compress_and_store."""
+    fn = "compress_and_store"
+    try:
+        plan_ratio, decode = plan.compress_ratio, plan.is_decode
+    except AttributeError as err:
+        _check_plan(fn, plan, err)
+        raise
+    if plan_ratio != compress_ratio:
+        raise ValueError(f"dsv4.{fn}: compress_ratio={compress_ratio} but the plan was built for "
+                         f"{plan_ratio}")
+    fmt = store_format_of(head_dim, use_fp4, bf16_store, fn)
+    kv_layout = _store_layout(layout, fmt, fn)
+    try:
+        ops.compress_and_store_op(kv_score_buffer, kv_score_input, ape, plan[1],
+                                  None if decode else plan[2], norm_weight,
+                                  freqs_as_real(freq_cis), out_loc, kvcache, out, head_dim,
+                                  compress_ratio, is_online, float(norm_eps), int(page_size), fmt,
+                                  kv_layout, dcp_world_size=int(dcp_world_size),
+                                  dcp_rank=int(dcp_rank), dcp_interleave=int(dcp_interleave))
+    except (IndexError, RuntimeError, TypeError, ValueError) as err:
+        _check_store_args(plan, norm_eps, freq_cis, err, fn)
+        raise
+    return out

@@ -163,6 +163,31 @@ def compress_norm_rope_store_op(kv: torch.Tensor, plan: torch.Tensor, norm_weigh
                                   _layout_name(layout), *dcp)
 
 
+def compress_and_store_op(kv_score_buffer: torch.Tensor, kv_score_input: torch.Tensor,
+                          ape: torch.Tensor, plan: torch.Tensor, plan_w: Optional[torch.Tensor],
+                          norm_weight: torch.Tensor, freqs: torch.Tensor, out_loc: torch.Tensor,
+                          kvcache: torch.Tensor, out: Optional[torch.Tensor], head_dim: int,
+                          compress_ratio: int, is_online: bool, eps: float, page_size: int,
+                          store_format: str, layout: Layout = "v4", *, dcp_world_size: int = 1,
+                          dcp_rank: int = 0, dcp_interleave: int = 1) -> None:
+    """Raw compress_and_store (contract 11): compress_forward_op then
+    compress_norm_rope_store_op of the pooled rows (is_decode = plan_w is None), with their
+    arguments and bytes. `out` None: the pooled rows are not kept (kv_score_input's dtype
+    inside the call); given, it receives them as compress_forward writes them.
+
+    Preconditions (checked in debug mode): those of both ops."""
+    dcp = (dcp_world_size, dcp_rank, dcp_interleave)
+    if validate.debug_enabled():
+        op = "compress_and_store"
+        validate.validate_compress_rows(plan, plan_w, compress_ratio, kv_score_buffer,
+                                        kv_score_input, is_online, op=op)
+        validate.validate_store_rows(plan, plan_w is None, compress_ratio, out_loc, kvcache,
+                                     page_size, freqs.shape[0], dcp, op=op)
+    _ops.compress_and_store(kv_score_buffer, kv_score_input, ape, plan, plan_w, norm_weight, freqs,
+                            out_loc, kvcache, out, head_dim, compress_ratio, is_online, eps,
+                            page_size, store_format, _layout_name(layout), *dcp)
+
+
 # ---- V4.1 ratio-1 / ratio-2 ops (contract V4.1 4.2): plan-free, rows addressed by their own
 # positions, request rows and slots. Rows whose ring row, cache page or RoPE position is
 # outside its buffer are skipped (errors in debug mode). dcp_world_size, dcp_rank and

@@ -166,10 +166,9 @@ def _owned(loc: torch.Tensor, live: torch.Tensor, dcp) -> Tuple[torch.Tensor, to
 
 def validate_store_rows(plan: torch.Tensor, is_decode: bool, compress_ratio: int,
                         out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
-                        max_pos: int, dcp=None) -> None:
+                        max_pos: int, dcp=None, op: str = "compress_norm_rope_store") -> None:
     """validate_store on the raw plan tensor; dcp: (world_size, rank, interleave) of a DCP
-    store (contract 9)."""
-    op = "compress_norm_rope_store"
+    store (contract 9); errors name `op`."""
     cr = compress_ratio
     capacity = kvcache.shape[0] * page_size
     loc = out_loc.to(torch.int64).cpu()

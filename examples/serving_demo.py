@@ -1,7 +1,8 @@
 """End-to-end simulated serving with dsv4_ops: a few requests go through prefill, extend and
-decode steps; every step runs the planners, compress_forward and compress_norm_rope_store
-for the compressors of DeepSeek-V4 and is checked against the reference (compressed tokens,
-every cache byte, every state row). Exits non-zero on any mismatch.
+decode steps; every step runs the planners and compress_and_store (compress_forward and
+compress_norm_rope_store in one op) for the compressors of DeepSeek-V4 and is checked against
+the reference (compressed tokens, every cache byte, every state row). Exits non-zero on any
+mismatch.
 
 With `--model v4.1`: one ratio-1 and one ratio-2 layer of DeepSeek-V4.1 through chunked
 prefill, decode and speculative verify steps (the c1 / c2 ops, kv_store into the V41 main

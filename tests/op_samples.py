@@ -186,3 +186,59 @@ def spec_samples(device):
         seq + torch.tensor([1, 2, 3], device=dev), req, r2t, pending,
         torch.randn(stride * (D + 1), 3 * hd, generator=g).to(dev), B, D, stride, stride, hd))
     return samples
+
+
+# ---- compress_and_store (contract 11) -----------------------------------------------------------
+
+def fused_samples(device):
+    """name -> (op, args) of compress_and_store: decode (c4 indexer fp4 without `out`, c128 main
+    fp8_ds_mla with `out`, online c128 into a V4.1 layout, a DCP rank that owns a stored entry)
+    and padded prefill (c4 main, c128 indexer), each step closing a window."""
+    ops = torch.ops.dsv4
+    dev = torch.device(device)
+    samples = {}
+
+    def decode(name, cr, hd, fmt, with_out, layout="v4", dcp=(), online=False):
+        w = decode_world(dev, compress_ratio=cr, head_dim=hd)
+        state = w.state
+        if online:
+            state = dsv4_ops.state_buffer(128, hd, 4, is_online=True, device=dev)
+            plan = dsv4_ops.CompressorDecodePlan.generate_online(w.seq_lens, w.rid,
+                                                                 w.req_to_token)
+        else:
+            plan = dsv4_ops.CompressorDecodePlan.generate(cr, w.rid, w.req_to_token,
+                                                          w.full_to_state, w.seq_lens, SWA_PAGE,
+                                                          w.ring)
+        out = torch.empty((2, hd), device=dev) if with_out else None
+        samples[name] = (ops.compress_and_store, (
+            state, w.kv_in, w.ape, plan.plan_d, None, w.norm_weight, w.freqs_real, w.out_loc,
+            _fused_cache(w, fmt, layout), out, hd, cr, online, 1e-6, w.cache_page_size, fmt,
+            layout) + (dcp if dcp else ()))
+        return w
+
+    decode("decode_c4_fp4", 4, 128, "fp4_indexer", False)
+    decode("decode_c128_out", 128, 512, "fp8_ds_mla", True)
+    decode("decode_online_v41", 128, 512, "fp8_ds_mla", False, layout="v41", online=True)
+    w = decode_world(dev, compress_ratio=4, head_dim=512)
+    decode("decode_c4_dcp", 4, 512, "fp8_ds_mla", False, dcp=(2, int(w.out_loc[0]) % 2, 1))
+    for name, cr, hd, fmt in (("prefill_c4", 4, 512, "fp8_ds_mla"),
+                              ("prefill_c128", 128, 128, "fp8_indexer")):
+        w = make_world(dev, compress_ratio=cr, head_dim=hd)
+        plan = dsv4_ops.CompressorPrefillPlan.generate(
+            cr, w.rid, w.seq_lens_cpu, w.extend_lens_cpu, w.req_to_token, w.full_to_state,
+            SWA_PAGE, w.ring, w.num_q + 3, use_cuda_graph=True, use_req_ring=cr == 128)
+        kv_in = torch.cat([w.kv_in, torch.zeros_like(w.kv_in[:3])])
+        out_loc = torch.cat([w.out_loc, torch.full((3,), -1, dtype=w.out_loc.dtype, device=dev)])
+        samples[name] = (ops.compress_and_store, (
+            w.state, kv_in, w.ape, plan.plan_c, plan.plan_w, w.norm_weight, w.freqs_real, out_loc,
+            _fused_cache(w, fmt, "v4"), torch.empty((w.num_q + 3, hd), device=dev), hd, cr,
+            False, 1e-6, w.cache_page_size, fmt))
+    return samples
+
+
+def _fused_cache(w, fmt, layout):
+    from dsv4_ops import KVLayout
+    if layout == "v4":
+        return w.kvcache(fmt, pages=w.num_pages)
+    return torch.zeros((w.num_pages, KVLayout.parse(layout).page_bytes(w.cache_page_size)),
+                       dtype=torch.uint8, device=w.device)

@@ -21,21 +21,23 @@ def test_benchmark_runner_smoke(tmp_path):
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert {r["family"] for r in rows} >= {"plan", "compress", "store", "step", "low_ratio", "cp",
-                                           "spec"}
+    assert {r["family"] for r in rows} >= {"plan", "compress", "store", "step", "fused",
+                                           "low_ratio", "cp", "spec"}
     assert {r["op"] for r in rows} >= {
         "plan_decode", "plan_prefill_hostlens", "plan_prefill_devlens", "compress_decode",
         "compress_prefill", "store_decode", "store_prefill", "decode_step", "c1", "c1_prefill",
         "c2", "c2_verify", "c2_prefill", "index_k", "index_k_prefill", "kv_store", "cnrs",
         "cp_partials", "cp_merge_rebase", "cp_merge_rows", "cp_merge_stack", "dcp_store_w1",
-        "dcp_store_w4", "dcp_c1_w1", "dcp_c1_w4", "spec_step", "spec_stage", "spec_commit"}
+        "dcp_store_w4", "dcp_c1_w1", "dcp_c1_w4", "spec_step", "spec_stage", "spec_commit",
+        "fused_decode", "pair_decode", "fused_prefill", "pair_prefill", "compress_prefill"}
     bad = [(r["case"], r["op"], r["error"], r.get("check")) for r in rows
            if r["error"] or r.get("check") not in (None, "ok")]
     assert not bad, bad
     assert all(r["time_us"] > 0 for r in rows)
     # Every output check that the scripts make ran on some row of each op family.
     assert {r["family"] for r in rows if r.get("check") == "ok"} >= {"plan", "compress", "store",
-                                                                   "low_ratio", "cp", "spec"}
+                                                                   "fused", "low_ratio", "cp",
+                                                                   "spec"}
     table = (tmp_path / "results.md").read_text()
     assert "compress_prefill" in table and "store_decode" in table
 

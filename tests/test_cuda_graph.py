@@ -151,3 +151,45 @@ def test_ops_on_second_gpu_while_current_is_first():
     assert torch.equal(s0, s1)
     mism = (c0 != c1).float().mean().item()
     assert mism <= 0.001
+
+
+def test_fused_steps_graph_replay_matches_eager():
+    """compress_and_store (contract 11) captured in one graph for the four decode kernels (c4
+    indexer fp4 without `out`, c4 main, c128 main with `out`, online c128) and a padded c4
+    prefill, replayed after the plan contents, inputs and slots change: the bytes of eager."""
+    from op_samples import fused_samples
+
+    dev = torch.device("cuda", 0)
+    samples = fused_samples(dev)
+    names = ["decode_c4_fp4", "decode_c4_dcp", "decode_c128_out", "decode_online_v41",
+             "prefill_c4"]
+    args = {n: list(samples[n][1]) for n in names}
+    op = torch.ops.dsv4.compress_and_store
+
+    def step():
+        for n in names:
+            op(*args[n])
+
+    def mutated(n):  # kv_score_buffer, kvcache, out
+        return [t for t in (args[n][0], args[n][8], args[n][9]) if t is not None]
+
+    g, _ = _capture(step)
+    gen = torch.Generator(device=dev).manual_seed(3)
+    for it in range(3):
+        for n in names:
+            a = args[n]
+            a[1].normal_(generator=gen)                       # kv_score_input
+            if a[4] is None:                                  # decode: the records swapped
+                a[3].copy_(a[3].flip(0))
+            a[7].copy_(torch.randperm(a[8].shape[0] * a[14], device=dev,
+                                      generator=gen)[:a[7].shape[0]].to(a[7].dtype))
+        snapshot = {n: [t.clone() for t in mutated(n)] for n in names}
+        g.replay()
+        replayed = {n: [t.clone() for t in mutated(n)] for n in names}
+        for n in names:
+            for t, s in zip(mutated(n), snapshot[n]):
+                t.copy_(s)
+        step()
+        for n in names:
+            for i, (r, e) in enumerate(zip(replayed[n], mutated(n))):
+                assert torch.equal(r, e), f"replay {it}: {n} tensor {i} differs from eager"

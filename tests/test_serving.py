@@ -365,25 +365,22 @@ def test_checker_catches_faults(device, monkeypatch, fault):
     r = sim.add_request()
     step(sim, [(r, 130)])
 
-    def forward(real, state, inp, ape, plan, **kw):
+    def step_op(real, state, inp, ape, plan, **kw):  # the simulator's compress_and_store
         if fault == "lost_write":
             saved = state.clone()
-        out = real(state, inp, ape, plan, **kw)
-        if fault == "token" and kw["compress_ratio"] == 4 and bool(out[0].any()):
+        real(state, inp, ape, plan, **kw)
+        out, cr = kw["out"], kw["compress_ratio"]
+        if fault == "token" and cr == 4 and bool(out[0].any()):
             out[0, 5] += 1e-3 * (1 + out[0, 5].abs())
-        if fault == "state_row" and kw["compress_ratio"] == 4:
+        if fault == "state_row" and cr == 4:
             state.view(-1, state.shape[-1])[-1, 0] = 1.0
-        if fault == "lost_write" and kw["compress_ratio"] == 128:
+        if fault == "lost_write" and cr == 128:
             state.copy_(saved)
+        if fault == "cache_byte" and cr == 4:
+            kw["kvcache"][-1, -1] ^= 1
         return out
 
-    def store(real, kv, plan, **kw):
-        real(kv, plan, **kw)
-        if fault == "cache_byte" and plan.compress_ratio == 4:
-            kw["kvcache"][-1, -1] ^= 1
-
-    _sabotaged(monkeypatch, "compress_forward", forward)
-    _sabotaged(monkeypatch, "compress_norm_rope_store", store)
+    _sabotaged(monkeypatch, "compress_and_store", step_op)
     with pytest.raises(SimulationMismatch, match=FAULTS[fault]):
         for _ in range(4):                       # 131..134: a cr=4 window closes at 132
             step(sim, [(r, 1)], "decode")

@@ -58,53 +58,55 @@ inline void check_pooling_inputs(const char* op, const at::Tensor& kv_score_buff
   check_contiguous(ape, op, "ape");
 }
 
+// `op` names the op in the errors (compress_and_store checks its pooling arguments here too).
 inline CallShape check_compress_forward(const at::Tensor& kv_score_buffer,
                                         const at::Tensor& kv_score_input, const at::Tensor& ape,
                                         const at::Tensor& plan,
                                         const std::optional<at::Tensor>& plan_w,
                                         const at::Tensor& out, int64_t head_dim,
-                                        int64_t compress_ratio, bool is_online) {
-  check_ratio(compress_ratio, kOp);  // before is_online, which names the ratio
-  DSV4_CHECK(!is_online || compress_ratio == 128, kOp, "is_online",
+                                        int64_t compress_ratio, bool is_online,
+                                        const char* op = kOp) {
+  check_ratio(compress_ratio, op);  // before is_online, which names the ratio
+  DSV4_CHECK(!is_online || compress_ratio == 128, op, "is_online",
              "needs compress_ratio 128 (the online running state is cr = 128 only), got ",
              compress_ratio);
-  check_pooling_inputs(kOp, kv_score_buffer, kv_score_input, ape, head_dim, compress_ratio,
+  check_pooling_inputs(op, kv_score_buffer, kv_score_input, ape, head_dim, compress_ratio,
                        is_online);
   const int cr = int(compress_ratio), hd = int(head_dim);
   const bool decode = !plan_w.has_value();
 
-  check_plan_tensor(plan, kOp, "plan", 16);
-  if (plan_w.has_value()) check_plan_tensor(*plan_w, kOp, "plan_w", is_online ? 16 : 8);
+  check_plan_tensor(plan, op, "plan", 16);
+  if (plan_w.has_value()) check_plan_tensor(*plan_w, op, "plan_w", is_online ? 16 : 8);
   if (decode) {
-    DSV4_CHECK(kv_score_input.size(0) == plan.size(0), kOp, "kv_score_input",
+    DSV4_CHECK(kv_score_input.size(0) == plan.size(0), op, "kv_score_input",
                "must have one row per decode plan row (", plan.size(0), "), got ",
                kv_score_input.size(0));
   }
 
-  check_dtype(out, kOp, "out", {at::kFloat, at::kBFloat16});
-  check_dim(out, kOp, "out", 2);
-  DSV4_CHECK(out.size(0) == plan.size(0) && out.size(1) == hd, kOp, "out", "must be [",
+  check_dtype(out, op, "out", {at::kFloat, at::kBFloat16});
+  check_dim(out, op, "out", 2);
+  DSV4_CHECK(out.size(0) == plan.size(0) && out.size(1) == hd, op, "out", "must be [",
              plan.size(0), ", ", hd, "] (plan rows x head_dim), got shape ", out.sizes());
-  check_contiguous(out, kOp, "out");
+  check_contiguous(out, op, "out");
 
   const at::Device dev = kv_score_buffer.device();
-  check_device(kv_score_input, dev, kOp, "kv_score_input");
-  check_device(ape, dev, kOp, "ape");
-  check_device(plan, dev, kOp, "plan");
-  if (plan_w.has_value()) check_device(*plan_w, dev, kOp, "plan_w");
-  check_device(out, dev, kOp, "out");
+  check_device(kv_score_input, dev, op, "kv_score_input");
+  check_device(ape, dev, op, "ape");
+  check_device(plan, dev, op, "plan");
+  if (plan_w.has_value()) check_device(*plan_w, dev, op, "plan_w");
+  check_device(out, dev, op, "out");
 
-  check_no_grad(kv_score_buffer, kOp, "kv_score_buffer");
-  check_no_grad(kv_score_input, kOp, "kv_score_input");
-  check_no_grad(ape, kOp, "ape");
-  check_no_grad(out, kOp, "out");
+  check_no_grad(kv_score_buffer, op, "kv_score_buffer");
+  check_no_grad(kv_score_input, op, "kv_score_input");
+  check_no_grad(ape, op, "ape");
+  check_no_grad(out, op, "out");
   // The op writes out and the state buffer while it reads the others.
-  check_no_overlap(out, "out", kv_score_buffer, "kv_score_buffer", kOp);
-  check_no_overlap_rows(out, "out", kv_score_input, "kv_score_input", kOp);
-  check_no_overlap(out, "out", ape, "ape", kOp);
+  check_no_overlap(out, "out", kv_score_buffer, "kv_score_buffer", op);
+  check_no_overlap_rows(out, "out", kv_score_input, "kv_score_input", op);
+  check_no_overlap(out, "out", ape, "ape", op);
   check_no_overlap_rows(kv_score_buffer, "kv_score_buffer", kv_score_input, "kv_score_input",
-                        kOp);
-  check_no_overlap(kv_score_buffer, "kv_score_buffer", ape, "ape", kOp);
+                        op);
+  check_no_overlap(kv_score_buffer, "kv_score_buffer", ape, "ape", op);
   return CallShape{decode, is_online, cr, hd};
 }
 
@@ -119,20 +121,20 @@ inline void check_vector_aligned(const at::Tensor& t, const char* arg, const cha
 inline void check_gpu_alignment(const at::Tensor& kv_score_buffer,
                                 const at::Tensor& kv_score_input, const at::Tensor& ape,
                                 const at::Tensor& plan, const std::optional<at::Tensor>& plan_w,
-                                const at::Tensor& out) {
-  check_vector_aligned(kv_score_buffer, "kv_score_buffer");
-  check_vector_aligned(kv_score_input, "kv_score_input");
-  DSV4_CHECK(row_stride_of(kv_score_input) % kVec == 0, kOp, "kv_score_input",
+                                const at::Tensor& out, const char* op = kOp) {
+  check_vector_aligned(kv_score_buffer, "kv_score_buffer", op);
+  check_vector_aligned(kv_score_input, "kv_score_input", op);
+  DSV4_CHECK(row_stride_of(kv_score_input) % kVec == 0, op, "kv_score_input",
              "must have a row stride that is a multiple of ", kVec,
              " elements on the GPU (every row must start on the vector boundary), got strides ",
              kv_score_input.strides());
-  check_vector_aligned(ape, "ape");
-  check_vector_aligned(out, "out");
-  DSV4_CHECK(reinterpret_cast<uintptr_t>(plan.data_ptr()) % 16 == 0, kOp, "plan",
+  check_vector_aligned(ape, "ape", op);
+  check_vector_aligned(out, "out", op);
+  DSV4_CHECK(reinterpret_cast<uintptr_t>(plan.data_ptr()) % 16 == 0, op, "plan",
              "must start on a 16-byte boundary");
   if (plan_w.has_value()) {
     DSV4_CHECK(reinterpret_cast<uintptr_t>(plan_w->data_ptr()) % uintptr_t(plan_w->size(1)) == 0,
-               kOp, "plan_w", "must start on a ", plan_w->size(1), "-byte boundary");
+               op, "plan_w", "must start on a ", plan_w->size(1), "-byte boundary");
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compress/compress_checks.h"
+#include "compress/compress_cpu.h"
 #include "compress/pool_window_cpu.h"
 
 namespace dsv4 {
@@ -233,6 +234,8 @@ void run(const CallShape& cs, const Params& base, const at::Tensor& plan,
   }
 }
 
+}  // namespace
+
 void compress_forward_cpu(at::Tensor kv_score_buffer, const at::Tensor& kv_score_input,
                           const at::Tensor& ape, const at::Tensor& plan,
                           const std::optional<at::Tensor>& plan_w, at::Tensor out,
@@ -254,7 +257,6 @@ void compress_forward_cpu(at::Tensor kv_score_buffer, const at::Tensor& kv_score
     run<uint16_t, uint16_t>(cs, base, plan, plan_w);
 }
 
-}  // namespace
 }  // namespace compress
 }  // namespace dsv4
 

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "compress/compress_checks.h"
+#include "compress/compress_launch.h"
 #include "cuda_glue.h"
 #include "include/dsv4/compress/kernel_set.cuh"
 
@@ -85,18 +86,13 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
     launch_all<TS, TI, 128>(cs, base, plan, plan_w, env);
 }
 
-void compress_forward_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_score_input,
-                           const at::Tensor& ape, const at::Tensor& plan,
-                           const std::optional<at::Tensor>& plan_w, at::Tensor out,
-                           int64_t head_dim, int64_t compress_ratio, bool is_online) {
-  const CallShape cs = check_compress_forward(kv_score_buffer, kv_score_input, ape, plan, plan_w,
-                                              out, head_dim, compress_ratio, is_online);
-  DSV4_CHECK(kv_score_buffer.is_cuda(), kOp, "kv_score_buffer",
-             "must be a CUDA tensor for the CUDA kernel, got ", kv_score_buffer.device());
-  check_gpu_alignment(kv_score_buffer, kv_score_input, ape, plan, plan_w, out);
-  const c10::cuda::OptionalCUDAGuard guard(kv_score_buffer.device());
+}  // namespace
+
+void launch_compress_forward(const CallShape& cs, const at::Tensor& kv_score_buffer,
+                             const at::Tensor& kv_score_input, const at::Tensor& ape,
+                             const at::Tensor& plan, const std::optional<at::Tensor>& plan_w,
+                             const at::Tensor& out, const LaunchEnv& env) {
   const Params base = make_params(cs, kv_score_buffer, kv_score_input, ape, out);
-  const LaunchEnv env = launch_env(kv_score_buffer);
   const bool st_bf16 = kv_score_buffer.scalar_type() == at::kBFloat16;
   const bool in_bf16 = kv_score_input.scalar_type() == at::kBFloat16;
   if (!st_bf16 && !in_bf16)
@@ -107,6 +103,22 @@ void compress_forward_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_scor
     launch_all<uint16_t, float>(cs, base, plan, plan_w, env);
   else
     launch_all<uint16_t, uint16_t>(cs, base, plan, plan_w, env);
+}
+
+namespace {
+
+void compress_forward_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_score_input,
+                           const at::Tensor& ape, const at::Tensor& plan,
+                           const std::optional<at::Tensor>& plan_w, at::Tensor out,
+                           int64_t head_dim, int64_t compress_ratio, bool is_online) {
+  const CallShape cs = check_compress_forward(kv_score_buffer, kv_score_input, ape, plan, plan_w,
+                                              out, head_dim, compress_ratio, is_online);
+  DSV4_CHECK(kv_score_buffer.is_cuda(), kOp, "kv_score_buffer",
+             "must be a CUDA tensor for the CUDA kernel, got ", kv_score_buffer.device());
+  check_gpu_alignment(kv_score_buffer, kv_score_input, ape, plan, plan_w, out);
+  const c10::cuda::OptionalCUDAGuard guard(kv_score_buffer.device());
+  launch_compress_forward(cs, kv_score_buffer, kv_score_input, ape, plan, plan_w, out,
+                          launch_env(kv_score_buffer));
 }
 
 }  // namespace

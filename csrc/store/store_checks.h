@@ -28,13 +28,13 @@ struct StoreGeometry {
   Dcp dcp;                 // the entries this rank stores (contract 9)
 };
 
-inline int parse_store_format(c10::string_view s) {
+inline int parse_store_format(c10::string_view s, const char* op = kStoreOp) {
   const std::string f(s.data(), s.size());
   if (f == "fp8_ds_mla") return kStoreFp8DsMla;
   if (f == "bf16") return kStoreBf16;
   if (f == "fp8_indexer") return kStoreFp8Indexer;
   if (f == "fp4_indexer") return kStoreFp4Indexer;
-  DSV4_CHECK(false, kStoreOp, "store_format",
+  DSV4_CHECK(false, op, "store_format",
              "must be one of fp8_ds_mla, bf16, fp8_indexer, fp4_indexer, got '", f, "'");
   return -1;
 }
@@ -48,17 +48,18 @@ inline int64_t cache_page_size(int format, int64_t page_bytes) {
 }
 
 // Checks every argument; `device_type` is the backend whose kernel runs (kCPU or kCUDA):
-// kvcache must live there and every other tensor on kvcache's device.
+// kvcache must live there and every other tensor on kvcache's device. `op` names the op in
+// the errors (compress_and_store checks its store arguments here too).
 inline StoreGeometry check_store_args(const at::Tensor& kv, const at::Tensor& plan,
                                       const at::Tensor& norm_weight, const at::Tensor& freqs,
                                       const at::Tensor& out_loc, const at::Tensor& kvcache,
                                       int64_t compress_ratio, int64_t page_size,
                                       c10::string_view store_format, c10::string_view layout,
-                                      const Dcp& dcp, at::DeviceType device_type) {
-  const char* op = kStoreOp;
+                                      const Dcp& dcp, at::DeviceType device_type,
+                                      const char* op = kStoreOp) {
   StoreGeometry g;
   g.dcp = check_dcp(dcp, op);
-  g.format = parse_store_format(store_format);
+  g.format = parse_store_format(store_format, op);
   g.head_dim = store_head_dim(g.format);
   g.layout = parse_kv_layout(layout, op);
   DSV4_CHECK(g.layout == kLayoutV4 || g.format == kStoreFp8DsMla, op, "layout",
@@ -145,8 +146,8 @@ inline StoreGeometry check_store_args(const at::Tensor& kv, const at::Tensor& pl
 }
 
 // norm_eps of the RMSNorm: finite and >= 0.
-inline void check_store_eps(double eps) {
-  DSV4_CHECK(eps >= 0.0 && eps <= std::numeric_limits<double>::max(), kStoreOp, "eps",
+inline void check_store_eps(double eps, const char* op = kStoreOp) {
+  DSV4_CHECK(eps >= 0.0 && eps <= std::numeric_limits<double>::max(), op, "eps",
              "(norm_eps) must be finite and >= 0, got ", eps);
 }
 

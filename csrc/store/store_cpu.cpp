@@ -8,6 +8,7 @@
 
 #include "low_ratio/low_ratio_rows_cpu.h"
 #include "store/store_checks.h"
+#include "store/store_cpu.h"
 
 namespace dsv4 {
 namespace {
@@ -121,6 +122,8 @@ void store_token(const StoreGeometry& g, const CpuStoreArgs& a, int64_t t) {
   }
 }
 
+}  // namespace
+
 void compress_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& plan,
                                   const at::Tensor& norm_weight, const at::Tensor& freqs,
                                   const at::Tensor& out_loc, at::Tensor& kvcache, bool is_decode,
@@ -162,7 +165,6 @@ void compress_norm_rope_store_cpu(const at::Tensor& kv, const at::Tensor& plan,
   });
 }
 
-}  // namespace
 }  // namespace dsv4
 
 TORCH_LIBRARY_IMPL(dsv4, CPU, m) {

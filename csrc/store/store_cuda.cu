@@ -9,6 +9,7 @@
 #include "cuda_glue.h"
 #include "include/dsv4/store/store_kernel.cuh"
 #include "store/store_checks.h"
+#include "store/store_launch.h"
 
 namespace dsv4 {
 namespace {
@@ -73,7 +74,17 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   check_store_eps(eps);
   if (g.n_rows == 0 || g.num_pages == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(kvcache.device());
+  launch_compress_norm_rope_store(g, kv, plan, norm_weight, freqs, out_loc, kvcache, is_decode,
+                                  compress_ratio, eps, launch_env(kvcache));
+}
 
+}  // namespace
+
+StoreKernelArgs store_kernel_args(const StoreGeometry& g, const at::Tensor& kv,
+                                  const at::Tensor& plan, const at::Tensor& norm_weight,
+                                  const at::Tensor& freqs, const at::Tensor& out_loc,
+                                  const at::Tensor& kvcache, bool is_decode,
+                                  int64_t compress_ratio, double eps) {
   StoreKernelArgs a;
   a.kv = kv.data_ptr();
   a.plan = plan.data_ptr<uint8_t>();
@@ -103,10 +114,20 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   DSV4_CHECK(!stale_plan_requested(), kStoreOp, "DSV4_OPS_TEST_STALE_PLAN=1",
              "needs a test build of dsv4_ops (built with DSV4_OPS_TEST_HOOKS=1, see setup.py)");
 #endif
+  return a;
+}
+
+void launch_compress_norm_rope_store(const StoreGeometry& g, const at::Tensor& kv,
+                                     const at::Tensor& plan, const at::Tensor& norm_weight,
+                                     const at::Tensor& freqs, const at::Tensor& out_loc,
+                                     const at::Tensor& kvcache, bool is_decode,
+                                     int64_t compress_ratio, double eps, const LaunchEnv& env) {
+  if (g.n_rows == 0 || g.num_pages == 0) return;
+  const StoreKernelArgs a = store_kernel_args(g, kv, plan, norm_weight, freqs, out_loc, kvcache,
+                                              is_decode, compress_ratio, eps);
 
   // A non-v4 layout is fp8_ds_mla's (checked): its rows in the layout's encoding.
   const int format = g.layout == kLayoutV4 ? g.format : store_layout_format(g.layout);
-  const LaunchEnv env = launch_env(kvcache);
   if (kv.scalar_type() == at::kBFloat16)
     launch_for_format<uint16_t>(format, a, env);
   else
@@ -114,7 +135,6 @@ void compress_norm_rope_store_cuda(const at::Tensor& kv, const at::Tensor& plan,
   DSV4_CHECK_LAUNCH();
 }
 
-}  // namespace
 }  // namespace dsv4
 
 TORCH_LIBRARY_IMPL(dsv4, CUDA, m) {

@@ -18,8 +18,9 @@ both an end-to-end test harness and an example of how an engine drives the API:
 ``(request, n_new_tokens)``; a decode step has ``n_new_tokens == 1`` for everyone, a
 prefill/extend step any ``n >= 0``. For every configured compressor the step builds the plan
 (``CompressorDecodePlan`` / ``CompressorPrefillPlan``, one plan per ratio and addressing, shared
-by all compressors that use it, as one plan serves every layer), runs ``compress_forward`` and
-``compress_norm_rope_store``, and then (``check=True``) verifies the step against the
+by all compressors that use it, as one plan serves every layer), runs ``compress_and_store``
+(``compress_forward`` and ``compress_norm_rope_store`` in one op, contract 11), and then
+(``check=True``) verifies the step against the
 whole-sequence oracle ``dsv4_ops.testing.reference``:
 
 * every compressed token of the step against ``reference.compressed_tokens`` of the request's
@@ -61,7 +62,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import reference, worlds
-from ..compressor import compress_forward, compress_norm_rope_store
+from ..compressor import compress_and_store
 from ..layout import STORE_FORMATS, Compressor, kv_score_row_width, window_size
 from ..plans import CompressorDecodePlan, CompressorPrefillPlan
 from .. import spec as _spec
@@ -189,7 +190,7 @@ class StepResult:
     kind: str                      # "decode" | "extend" (prefill / verify are extends)
     num_requests: int
     num_tokens: int
-    outputs: Dict[str, torch.Tensor]          # compress_forward outputs per compressor
+    outputs: Dict[str, torch.Tensor]          # compressed rows (compress_and_store's out)
     events: Dict[str, List[Tuple[str, int, int]]]  # (request name, token index k, output row)
     reports: Dict[str, CompressorReport]
     op_seconds: float
@@ -534,18 +535,18 @@ class ServingSimulator:
                 plans[comp.plan_key] = (drafts.make_plan(comp) if drafts and drafts.verify
                                         and cfg.is_online else run.make_plan(comp))
             plan = plans[comp.plan_key]
-            out = None
-            if cfg.out_dtype is not None:
-                rows = plan[1].shape[0]
-                out = torch.empty(rows, cfg.head_dim, dtype=cfg.out_dtype, device=self.device)
-            kv = compress_forward(comp.state_view, run.inputs[cfg.name], comp.ape_dev, plan,
-                                  head_dim=cfg.head_dim, compress_ratio=cfg.compress_ratio,
-                                  out=out, is_online=cfg.is_online)
-            compress_norm_rope_store(
-                kv, plan, norm_weight=comp.norm_weight_dev, norm_eps=cfg.norm_eps,
+            inputs = run.inputs[cfg.name]
+            # The compressed rows are kept for the checks (and StepResult.outputs).
+            kv = torch.empty(plan[1].shape[0], cfg.head_dim, dtype=cfg.out_dtype or inputs.dtype,
+                             device=self.device)
+            compress_and_store(
+                comp.state_view, inputs, comp.ape_dev, plan, head_dim=cfg.head_dim,
+                compress_ratio=cfg.compress_ratio, is_online=cfg.is_online,
+                norm_weight=comp.norm_weight_dev, norm_eps=cfg.norm_eps,
                 freq_cis=self.freqs_cis_dev, out_loc=run.out_loc[cfg.compress_ratio],
                 kvcache=comp.cache, page_size=comp.cache_page_size,
-                use_fp4=cfg.store_format == "fp4_indexer", bf16_store=cfg.store_format == "bf16")
+                use_fp4=cfg.store_format == "fp4_indexer", bf16_store=cfg.store_format == "bf16",
+                out=kv)
             outputs[cfg.name] = kv
             if drafts and drafts.verify and cfg.is_online:
                 drafts.stage(comp, run)

@@ -16,14 +16,14 @@ namespace compress {
 
 // One token per batch entry: q = (seq_len-1) % 128; fold z = score + ape[q] into the state at
 // read_page_0 (restart at q == 0); q == 127: out = K' and the state is not stored; otherwise
-// store (M, S', K') at write_loc and out = 0.
+// store (M, S', K') at write_loc and out = 0. This thread's channels c..c+3 of entry
+// blockIdx.x * online_decode_per_block(hd) + threadIdx.x / (hd / kVec). Also run by the fused
+// compress_and_store kernel (fused/decode_store_kernel.cuh) before its store.
 template <typename TS, typename TI>
-__global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Params p) {
-  pdl_wait();
+DSV4_DEVICE void online_decode_entry(const Params& p) {
   const int hd = p.hd;
   const int lanes = hd / kVec;
-  const int per_block = kBlock / lanes;
-  const int64_t b = int64_t(blockIdx.x) * per_block + threadIdx.x / lanes;
+  const int64_t b = int64_t(blockIdx.x) * online_decode_per_block(hd) + threadIdx.x / lanes;
   const int c = int(threadIdx.x % lanes) * kVec;
   if (b >= p.num_records) return;
 
@@ -77,6 +77,12 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Param
   }
   pdl_trigger();
   store_out_vec(p.out, p.out_type, b * hd + c, res);
+}
+
+template <typename TS, typename TI>
+__global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Params p) {
+  pdl_wait();
+  online_decode_entry<TS, TI>(p);
 }
 
 }  // namespace compress

@@ -15,6 +15,8 @@ namespace compress {
 
 constexpr int kBlock = 256;  // online decode and row writes
 constexpr int kWriteGroups = kBlock / kLaneGroup;  // row writes: records in flight per block
+// Online decode: batch entries of one kBlock-thread block (hd / kVec threads each).
+DSV4_HD int online_decode_per_block(int hd) { return kBlock / (hd / kVec); }
 
 // What a c128 record pools into: an offline prefill window, a decode window, an online segment.
 enum : int { kModePrefill = 0, kModeDecode = 1, kModeOnline = 2 };

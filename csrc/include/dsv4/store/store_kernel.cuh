@@ -151,23 +151,27 @@ DSV4_DEVICE void store_norm_rope_v41(const float (&x)[4][4], const float (&w)[4]
   }
 }
 
+// Row t of the store, by the 32-lane group whose lane this is: the store kernel's body, also
+// run by the fused compress_and_store kernels (fused/decode_store_kernel.cuh) after their
+// pooling. kInKernel false: the caller has waited for the grid dependency and made the rows
+// (a block barrier after its writes): the record is read once, no guess, no PDL calls.
 // One body (about 180 lines): with the format writes split into functions nvcc schedules the fp8
 // instances' code differently, so the cache writes stay inline.
-template <int kFormat, typename KvT>
-__global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kFormat))
-    compress_norm_rope_store_kernel(StoreKernelArgs a) {
+template <int kFormat, typename KvT, bool kInKernel>
+DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane) {
   using namespace store_detail;
   constexpr int kHd = store_kernel_head_dim(kFormat);
   constexpr int kJ = kHd / 128;  // 4-value chunks per lane
-  const int lane = int(threadIdx.x) % kLaneGroup;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
 
   // The first 8 bytes of the plan record (seq_len, second word), guessed before the wait
   // (load_early; a plan that may be unaligned is only read after the wait).
   const bool active = t < a.n_rows;  // uniform over the lane group
   const uint8_t* rec = a.plan + t * 16;
   uint2 early = make_uint2(0u, 0u);
-  if (active && a.vec_in) early = load_early(reinterpret_cast<const uint2*>(rec));
+  if (active && a.vec_in) {
+    early = kInKernel ? load_early(reinterpret_cast<const uint2*>(rec))
+                      : *reinterpret_cast<const uint2*>(rec);
+  }
 #if defined(DSV4_TEST_HOOKS)
   // DSV4_OPS_TEST_STALE_PLAN: a wrong guess. The record itself stays `early` where that is
   // the real one (no PDL).
@@ -181,8 +185,10 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kForma
 #else
   const uint2 guess = early;  // no PDL: the record read after the wait is `early` itself
 #endif
-  pdl_wait();
-  pdl_trigger();
+  if constexpr (kInKernel) {
+    pdl_wait();
+    pdl_trigger();
+  }
   if (!active) return;
 
   // Round 1: the plan record (broadcast to the group), and for the guessed record its
@@ -192,7 +198,8 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kForma
   // is used (the bits are converted afterwards, see load_bits).
   uint32_t seq_len, word1;
   if (a.vec_in) {
-    const uint2 q = load_after_wait(reinterpret_cast<const uint2*>(rec), early);
+    const uint2 q = kInKernel ? load_after_wait(reinterpret_cast<const uint2*>(rec), early)
+                              : early;
     seq_len = q.x;
     word1 = q.y;
   } else {
@@ -349,6 +356,24 @@ __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kForma
       if (lane % 8 == 0) scales[lane / 8] = e;
     }
   }
+}
+
+// The fused kernels' store step: rows blockIdx.x * per_block .. + per_block - 1, one 32-lane
+// group each, after the block barrier that follows their pooling.
+template <int kFormat, typename KvT>
+DSV4_DEVICE void store_block_rows(const StoreKernelArgs& a, int per_block) {
+  const int g = int(threadIdx.x) / kLaneGroup;
+  if (g < per_block)
+    store_row<kFormat, KvT, false>(a, int64_t(blockIdx.x) * per_block + g,
+                                   int(threadIdx.x) % kLaneGroup);
+}
+
+template <int kFormat, typename KvT>
+__global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kFormat))
+    compress_norm_rope_store_kernel(StoreKernelArgs a) {
+  const int lane = int(threadIdx.x) % kLaneGroup;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+  store_row<kFormat, KvT, true>(a, t, lane);
 }
 
 }  // namespace dsv4

@@ -1,0 +1,4 @@
+// compress_and_store kernels of one instance: fp32 state, bf16 input (kernel_set.cuh).
+#include "include/dsv4/fused/kernel_set_def.cuh"
+
+DSV4_FUSED_KERNEL_SET(float, uint16_t)

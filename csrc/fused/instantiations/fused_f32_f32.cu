@@ -1,0 +1,4 @@
+// compress_and_store kernels of one instance: fp32 state, fp32 input (kernel_set.cuh).
+#include "include/dsv4/fused/kernel_set_def.cuh"
+
+DSV4_FUSED_KERNEL_SET(float, float)
