@@ -177,3 +177,53 @@ def test_store_match_verdict():
     assert bad["code_max_steps_same_scale"] == 2 and not bad["verdict"]["ok"]
     bad = broken(lambda r: r["data"].__setitem__((9, 449), r["data"][9, 449] ^ 0x40))
     assert bad["verdict"]["rope_outside_bound"] == 1 and not bad["verdict"]["ok"]
+
+
+def test_fused_peer_selftest(tmp_path):
+    """`python -m benchmarks.peer_fused --selftest`: every kernel's decode steps (closing and
+    open) through the fused op, our pair and the float64 stand-in of the reference pair on
+    the CPU; the fused call equals our pair bitwise and conforms to the stand-in."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    run = subprocess.run([sys.executable, "-m", "benchmarks.peer_fused", "--selftest",
+                          "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    payload = json.loads((tmp_path / "fused.json").read_text())
+    rows = payload["joined"]
+    assert {(r["kernel"], r["pattern"]) for r in rows} == {
+        (k, p) for k in ("main512_c4", "indexer128_c4", "main512_c128", "online512_c128")
+        for p in ("bnd", "open")}
+    assert all(r["pair_conform"] == "ok" and r["ref_conform"] == "ok" and not r["note"]
+               for r in rows)
+    closing = [r for r in payload["records"] if r["pattern"] == "bnd"]
+    assert all(r["conformance"]["ref_tokens"]["tokens"] == r["batch"] for r in closing)
+    assert "indexer128_c4_fp4_indexer/dec_bs3_bnd" in (tmp_path / "fused.md").read_text()
+
+
+def test_fused_peer_fp4_verdict():
+    """peer_fused.fp4_verdict: equal tokens conform; a code one step off conforms, two steps
+    off does not; a differing UE8M0 byte conforms only where it is float64's."""
+    import numpy as np
+
+    from benchmarks import peer_fused as F
+
+    gen = np.random.default_rng(5)
+    ref = {"data": gen.integers(0, 256, (300, 64), dtype=np.uint8),
+           "scales": gen.integers(100, 130, (300, 4), dtype=np.uint8)}
+    exact = ref["scales"].copy()
+
+    def verdict(edit):
+        ours = {k: v.copy() for k, v in ref.items()}
+        edit(ours)
+        return F.fp4_verdict(ours, ref, exact)["verdict"]
+
+    assert verdict(lambda o: None)["bytes_equal"]
+    ref["data"][4, 9] = 0x33  # two codes of magnitude index 3 (1.5)
+    assert verdict(lambda o: o["data"].__setitem__((4, 9), 0x34))["ok"]
+    assert verdict(lambda o: o["data"].__setitem__((4, 9), 0x3A))["ok"] is False
+    two = verdict(lambda o: o["data"].__setitem__((4, 9), 0x35))
+    assert not two["ok"] and not two["codes_ok"]
+    assert not verdict(lambda o: o["scales"].__setitem__((7, 2), o["scales"][7, 2] + 1))["ok"]
+    exact[7, 2] += 1
+    assert verdict(lambda o: o["scales"].__setitem__((7, 2), o["scales"][7, 2] + 1))["ok"]
