@@ -36,11 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -52,7 +50,7 @@ import numpy as np
 import torch
 
 from benchmarks import common as C
-from benchmarks import peer_low_ratio as P
+from benchmarks import peer_common as PC
 
 # (label, head_dim, ratio, store format, online): bench_fused.py's decode kernels
 KERNELS = (("main512_c4", 512, 4, "fp8_ds_mla", False),
@@ -145,8 +143,8 @@ def dsv4_api() -> SimpleNamespace:
 def sglang_api() -> SimpleNamespace:
     import importlib
 
-    m = importlib.import_module(P.REF_PKG + ".compress")
-    kvl = importlib.import_module(P.REF_PKG + ".kv_layout")
+    m = importlib.import_module(PC.REF_PKG + ".compress")
+    kvl = importlib.import_module(PC.REF_PKG + ".kv_layout")
     return SimpleNamespace(name="sglang", module=m, KVLayout=kvl.KVLayout,
                            compress_forward=m.compress_forward,
                            compress_norm_rope_store=m.compress_norm_rope_store,
@@ -373,7 +371,7 @@ def conformance(w, fmt: str, state0: torch.Tensor, plan_inputs, outs) -> Dict[st
 # --------------------------------------------------------------------------------------
 # One case, the rows, the summary
 # --------------------------------------------------------------------------------------
-def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: P.Settings, device,
+def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: PC.Settings, device,
              hold: Dict[str, Any]) -> Dict[str, Any]:
     w = build_world(case, device)
     hold["world"] = w
@@ -381,34 +379,20 @@ def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: P.Settings, de
                            case.store_format, "batch": case.batch, "pattern": case.pattern,
                            "closing": int((w.seq_lens_cpu % case.ratio == 0).sum())}
     state0 = w.state.clone()
-    engine_api = {"fused": apis["dsv4"], "pair": apis["dsv4"], "ref": apis["sglang"]}
-    plans = {"dsv4": plan_of(apis["dsv4"], w), "sglang": plan_of(apis["sglang"], w)}
-    outs, fns = {}, {}
-    for e in ENGINES:
-        api = engine_api[e]
-        try:
-            state, cache = state0.clone(), w.kvcache(case.store_format, pages=w.num_pages)
-            fn = call_fn(e, api, w, plans["sglang" if e == "ref" else "dsv4"],
-                         case.store_format, state, cache)
-            fn()
-            timer.sync()
-            outs[e], fns[e] = (state, cache), fn
-        except Exception as err:  # noqa: BLE001
-            rec[f"{e}_error"] = f"{type(err).__name__}: {str(err)[:300]}"
-            lost = C.device_healthy(timer.device)
-            if lost:
-                raise C.DeviceLost(lost) from err
-    if len(outs) == len(ENGINES):
+    plans = {name: plan_of(api, w) for name, api in apis.items()}
+
+    def start(engine):
+        api = "sglang" if engine == "ref" else "dsv4"
+        state, cache = state0.clone(), w.kvcache(case.store_format, pages=w.num_pages)
+        return (state, cache), call_fn(engine, apis[api], w, plans[api], case.store_format,
+                                       state, cache)
+
+    outs, fns = PC.first_calls({e: (lambda e=e: start(e)) for e in ENGINES}, timer, rec)
+    if len(fns) == len(ENGINES):
         rec["conformance"] = conformance(w, case.store_format, state0.cpu(),
                                          (w.seq_lens_cpu, w.rid_cpu), outs)
     del outs  # the calls keep their buffers: timing them repeats the step on them
-    for e, fn in fns.items():
-        try:
-            rec[e] = P.time_fn(timer, s, fn, False)
-        except C.DeviceLost:
-            raise
-        except Exception as err:  # noqa: BLE001
-            rec[f"{e}_error"] = f"timing: {type(err).__name__}: {str(err)[:300]}"
+    PC.time_calls(fns, timer, s, False, rec)
     return rec
 
 
@@ -466,10 +450,6 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def _c(x, nd=1):
-    return "" if x is None else f"{x:.{nd}f}"
-
-
 def summary_line(sm: Dict[str, Any]) -> str:
     def _c(x, nd):
         return "-" if x is None else f"{x:.{nd}f}"
@@ -486,6 +466,16 @@ def summary_line(sm: Dict[str, Any]) -> str:
             f"{sm['errors']}")
 
 
+MD_COLS = (("case", None), ("fused_us", 1), ("pair_us", 1), ("ref_us", 1),
+           ("ref_over_fused", 2), ("fused_over_pair", 2), ("fused_graph_us", 1),
+           ("pair_graph_us", 1), ("ref_graph_us", 1), ("ref_over_fused_graph", 2),
+           ("fused_over_pair_graph", 2), ("pair_conform", None), ("ref_conform", None),
+           ("note", None))
+TEXT_COLS = (("case", None, 40), ("fused_us", 1, 8), ("pair_us", 1, 8), ("ref_us", 1, 8),
+             ("ref_over_fused", 2, 6), ("fused_over_pair", 2, 6), ("fused_graph_us", 1, 8),
+             ("pair_graph_us", 1, 8), ("ref_graph_us", 1, 8), ("ref_over_fused_graph", 2, 6),
+             ("fused_over_pair_graph", 2, 6), ("pair_conform", None, 4),
+             ("ref_conform", None, 4))
 HEADER = ("| case | fused us | pair us | ref us | ref / fused | fused / pair | fused graph us | "
           "pair graph us | ref graph us | ref / fused graph | fused / pair graph | = pair | "
           "~ ref | note |")
@@ -493,36 +483,19 @@ HEADER = ("| case | fused us | pair us | ref us | ref / fused | fused / pair | f
 
 def markdown(rows, summary, info, ceiling) -> List[str]:
     lines = ["# compress_and_store vs the unfused pairs (dsv4_ops and the reference engine)", "",
-             f"GPU {info.get('gpu')}; sglang {info.get('sglang_version')}; torch "
-             f"{info.get('torch')}; copy bandwidth {_c(ceiling and ceiling.get('gbps'), 0)} GB/s; "
-             f"{info.get('time')}", "",
+             PC.env_line(info, ceiling), "",
              "Medians in microseconds: cold = L2 flushed before each call; graph = per call in a "
              "CUDA-graph replay. fused = dsv4_ops.compress_and_store, pair = dsv4_ops "
              "compress_forward + compress_norm_rope_store, ref = the reference engine's pair. "
              "= pair: state rows and cache bytes bitwise the pair's; ~ ref: within contract 4 of "
              "the reference's (float64 arbitrating).", "", summary_line(summary), "", HEADER,
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {_c(r['fused_us'])} | {_c(r['pair_us'])} | {_c(r['ref_us'])} | "
-            f"{_c(r['ref_over_fused'], 2)} | {_c(r['fused_over_pair'], 2)} | "
-            f"{_c(r['fused_graph_us'])} | {_c(r['pair_graph_us'])} | {_c(r['ref_graph_us'])} | "
-            f"{_c(r['ref_over_fused_graph'], 2)} | {_c(r['fused_over_pair_graph'], 2)} | "
-            f"{r['pair_conform'] or ''} | {r['ref_conform'] or ''} | "
-            f"{r['note'].replace('|', '/')[:200]} |")
+    lines += [PC.md_row(r, MD_COLS) for r in rows]
     return lines
 
 
 def text_row(r) -> str:
-    def f(x, nd=1, w=8):
-        return f"{'-':>{w}}" if x is None else f"{x:>{w}.{nd}f}"
-
-    s = (f"{r['case'][:40]:<40} {f(r['fused_us'])} {f(r['pair_us'])} {f(r['ref_us'])} "
-         f"{f(r['ref_over_fused'], 2, 6)} {f(r['fused_over_pair'], 2, 6)} "
-         f"{f(r['fused_graph_us'])} {f(r['pair_graph_us'])} {f(r['ref_graph_us'])} "
-         f"{f(r['ref_over_fused_graph'], 2, 6)} {f(r['fused_over_pair_graph'], 2, 6)} "
-         f"{r['pair_conform'] or '-':<4} {r['ref_conform'] or '-':<4}")
-    return s + (f" {r['note'][:160]}" if r["note"] else "")
+    return PC.text_line(r, TEXT_COLS)
 
 
 TEXT_HEADER = (f"{'case':<40} {'fused':>8} {'pair':>8} {'ref':>8} {'r/f':>6} {'f/p':>6} "
@@ -532,93 +505,43 @@ TEXT_HEADER = (f"{'case':<40} {'fused':>8} {'pair':>8} {'ref':>8} {'r/f':>6} {'f
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peer-dir", default=None, help="the peer kit: sgl_bench.py, stubs/, wheels/")
-    ap.add_argument("--out", default=os.environ.get("OUT") or "peer_fused_out")
-    ap.add_argument("--quick", action="store_true", help="B 8, 64 and 1024")
-    ap.add_argument("--only", default=None, help="regex on the case names")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--no-graph", action="store_true")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="start no new case after this many seconds")
-    ap.add_argument("--selftest", action="store_true",
-                    help="CPU: tiny batches, the reference pair replaced by the float64 stand-in")
-    args = ap.parse_args(argv)
-    t_start = time.monotonic()
-    os.makedirs(args.out, exist_ok=True)
-    info: Dict[str, Any] = {"time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                            "torch": torch.__version__, "python": sys.version.split()[0]}
-    cases = case_list(args.quick, args.selftest)
-    if args.only:
-        cases = [c for c in cases if re.search(args.only, c.name)]
-    s = P.Settings()
+    PC.add_args(ap, "peer_fused_out", "B 8, 64 and 1024")
+    PC.add_run_args(ap, "CPU: tiny batches, the reference pair replaced by the float64 stand-in")
+    args, t_start, info, cases = PC.parse(ap, argv, lambda a: case_list(a.quick, a.selftest))
     hold: Dict[str, Any] = {}
-    if args.selftest:
-        device = torch.device("cpu")
-        apis = {"sglang": StandIn(lambda: hold["world"]), "dsv4": dsv4_api()}
-        info["sglang_version"] = "float64 stand-in (selftest)"
-        s.reps = s.reps_big = s.warmup = s.graph_replays = 1
-    else:
-        if not args.peer_dir:
-            ap.error("--peer-dir is required (or --selftest)")
-        apis = P.load_peer("peer_fused", args.peer_dir, info, sglang_api, dsv4_api)
-        if apis is None:
-            return 1
-        device = torch.device("cuda", torch.cuda.current_device())
-        s.reps, s.reps_big, s.warmup, s.graph_replays = ((30, 8, 3, 5) if args.quick
-                                                         else (100, 20, 5, 10))
-        P.prebuild(sglang_builders(apis["sglang"], cases), info)
-    if args.reps:
-        s.reps = args.reps
-    s.no_graph = args.no_graph
-    info["git"] = C.git_tree()
-    for k, v in info.items():
-        log(f"[env] {k}: {v}")
-    timer = C.Timer(device)
-    ceiling = C.copy_bandwidth(timer) if timer.is_cuda else None
-    log(f"[cases] {len(cases)}")
-    log(TEXT_HEADER)
-    deadline = t_start + args.budget_s if args.budget_s else None
-    recs, rows, skipped, status = [], [], [], 0
-    for case in cases:
-        if deadline and time.monotonic() > deadline:
-            skipped.append(case.name)
-            continue
+    run = PC.engines("peer_fused", args, info,
+                     lambda: {"sglang": StandIn(lambda: hold["world"]), "dsv4": dsv4_api()},
+                     "float64 stand-in (selftest)", sglang_api, dsv4_api,
+                     lambda api: sglang_builders(api, cases))
+    if run is None:
+        return 1
+    apis, device, s = run
+    timer, ceiling = PC.begin(info, device, cases, TEXT_HEADER)
+
+    def one(case):
         try:
             with torch.inference_mode():
-                rec = run_case(case, apis, timer, s, device, hold)
-        except C.DeviceLost as e:
-            log(f"[peer_fused] CUDA context unusable after {case.name}: {e}; stopping")
-            info["device_lost"] = f"after {case.name}: {e}"
-            status = 3
-            break
-        except Exception as e:  # noqa: BLE001 (a builder bug: keep the other cases)
-            traceback.print_exc()
-            rec = {"case": case.name, "kernel": case.label, "store_format": case.store_format,
-                   "batch": case.batch, "pattern": case.pattern,
-                   "fused_error": f"case: {type(e).__name__}: {str(e)[:300]}"}
-        hold.clear()
-        if timer.is_cuda:
-            torch.cuda.empty_cache()
-        recs.append(rec)
-        row = joined_row(rec)
-        rows.append(row)
-        log(text_row(row))
-        if row["note"] and status == 0:
-            status = 2
+                return run_case(case, apis, timer, s, device, hold)
+        finally:
+            hold.clear()
+
+    recs, rows, skipped, status = PC.run_all(
+        "peer_fused", cases, one,
+        lambda c, msg: {"case": c.name, "kernel": c.label, "store_format": c.store_format,
+                        "batch": c.batch, "pattern": c.pattern, "fused_error": msg},
+        joined_row, text_row, timer, info,
+        deadline=t_start + args.budget_s if args.budget_s else None)
     summary = summarize(rows)
     summary.update(run_seconds=round(time.monotonic() - t_start, 1), skipped_for_time=skipped)
     payload = {"env": info, "ceiling": ceiling, "args": vars(args), "summary": summary,
                "joined": rows, "records": recs}
-    with open(os.path.join(args.out, "fused.json"), "w") as f:
-        json.dump(payload, f, indent=1, default=str)
-    with open(os.path.join(args.out, "fused.md"), "w") as f:
-        f.write("\n".join(markdown(rows, summary, info, ceiling)) + "\n")
+    PC.write_results(args.out, "fused", payload, markdown(rows, summary, info, ceiling))
     log(summary_line(summary))
     log(f"wrote {args.out}/fused.json and fused.md (exit {status})")
     return status
 
 
-log = P.log
+log = PC.log
 
 if __name__ == "__main__":
     sys.exit(main())

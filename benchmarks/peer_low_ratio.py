@@ -39,15 +39,11 @@ differing latent element 2 ulps, see OracleStandIn); measures nothing meaningful
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
-import statistics
 import sys
 import time
-import traceback
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -57,6 +53,8 @@ if __package__ in (None, ""):
 import torch
 
 from benchmarks import common as C
+from benchmarks import peer_common as PC
+from benchmarks.peer_common import APIS, REF_PKG, Settings, log
 
 HEAD_DIM = 512
 INDEX_DIM = 128
@@ -75,7 +73,6 @@ PREFILLS = (("p8x4096", [(0, 4096), (1, 4096), (1000, 4096), (2049, 4096)] * 2),
             ("p1x32768", [(0, 32768)]))
 DECODE_POS = (1024, 8192)
 FULL_PAGE = 256
-APIS = ("sglang", "dsv4")
 OP_FAMILY = {"c1": "c1", "c1_prefill": "c1", "c2": "c2", "c2_verify": "c2", "c2_prefill": "c2",
              "index_k": "index_k", "index_k_prefill": "index_k", "kv_store": "kv_store",
              "cnrs": "cnrs"}
@@ -86,10 +83,6 @@ SELFTEST_DECODE_BS = (1, 8)
 SELFTEST_VERIFY = ((4, 3), (2, 6))
 SELFTEST_PREFILLS = (("p3x40", [(0, 40), (1, 17), (6, 9)]),)
 SELFTEST_POS = (16, 200)
-
-
-def log(*a: Any) -> None:
-    print(*a, flush=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -360,9 +353,6 @@ def dsv4_api() -> SimpleNamespace:
     return SimpleNamespace(name="dsv4_ops", **{n: getattr(dsv4_ops, n, None) for n in names})
 
 
-REF_PKG = "sglang.kernels.ops.attention.dsv4"
-
-
 def sglang_api() -> SimpleNamespace:
     """The reference's V4.1 functions through the stub packages; `.fp4_indexer` (imported by
     fp4_indexer_rope for its slot size only, and pulling in modules the stubs lack) is a
@@ -416,20 +406,6 @@ def sglang_builders(api, cases: Sequence[Case]) -> List[Tuple[str, Callable[[], 
                 name="flashmla", input_dtype=torch.bfloat16, index_dtype=torch.int64,
                 page_size=ps, layout=lay))
     return out
-
-
-def prebuild(builders, info: Dict[str, Any]) -> None:
-    t0 = time.time()
-    fns = [fn for _, fn in builders]
-    try:
-        from sglang.kernels.jit.utils import parallel_compile
-
-        parallel_compile(fns, max_workers=os.cpu_count())
-        info["sglang_precompile"] = f"ok ({len(fns)} modules), {time.time() - t0:.1f} s"
-    except Exception as e:  # noqa: BLE001 (then each module compiles on first use)
-        info["sglang_precompile"] = (f"failed ({type(e).__name__}: {str(e)[:300]}); lazy "
-                                     f"compile")
-    log(f"[jit] {info['sglang_precompile']}")
 
 
 # --------------------------------------------------------------------------------------
@@ -754,41 +730,6 @@ def case_bytes(inp: Dict[str, Any]) -> int:
 # --------------------------------------------------------------------------------------
 # The driver
 # --------------------------------------------------------------------------------------
-@dataclass
-class Settings:
-    reps: int = 100
-    reps_big: int = 20
-    warmup: int = 5
-    graph_replays: int = 10
-    no_graph: bool = False
-    floors: Dict[int, float] = field(default_factory=dict)
-
-
-def copy_floor_us(timer: C.Timer, s: Settings, nbytes: int) -> Optional[float]:
-    """Cold time of a device copy moving `nbytes` (read + write), cached per size rounded to
-    three significant digits."""
-    if not timer.is_cuda or nbytes <= 0:
-        return None
-    key = int(float(f"{nbytes:.3g}"))
-    if key not in s.floors:
-        st = C.copy_bandwidth(timer, max(1, key // 2), s.reps_big)
-        s.floors[key] = st["time_us"]["median"]
-    return s.floors[key]
-
-
-def time_fn(timer: C.Timer, s: Settings, fn, big: bool) -> Dict[str, Any]:
-    out: Dict[str, Any] = {"cold_us": timer.cold(fn, s.reps_big if big else s.reps, s.warmup)}
-    if timer.is_cuda and not s.no_graph:
-        try:
-            out["graph_us"] = timer.graph(fn, 3 if big else 20, s.graph_replays)
-        except Exception as e:  # noqa: BLE001
-            out["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            lost = C.device_healthy(timer.device)
-            if lost:
-                raise C.DeviceLost(lost) from e
-    return out
-
-
 def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: Settings, device,
              time_it: bool = True) -> Dict[str, Any]:
     inp = build_inputs(case, device)
@@ -796,278 +737,61 @@ def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: Settings, devi
                            "layout": case.layout,
                            "page_size": case.page_size, "rows": inp["n"],
                            "bytes": case_bytes(inp)}
-    outs, fns = {}, {}
-    for name, api in apis.items():
-        try:
-            outs[name] = fresh_outputs(inp)
-            fns[name] = call_fn(api, inp, outs[name])
-            fns[name]()
-            timer.sync()
-        except Exception as e:  # noqa: BLE001
-            rec[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            fns.pop(name, None)
-            lost = C.device_healthy(timer.device)
-            if lost:
-                raise C.DeviceLost(lost) from e
+    outs, fns = PC.shared_input_calls(apis, inp, fresh_outputs, call_fn, timer, rec)
     if len(fns) == 2:
         rec["conformance"] = conformance(inp, *(outs[a] for a in APIS),
                                          max_ulp=getattr(apis["sglang"], "latent_max_ulp", 1))
         if not rec["conformance"]["ok"] and "latent_max_ulp" in rec["conformance"]:
             rec["conformance"] = arbitrate_latents(inp, outs, rec["conformance"])
-    big = inp["n"] >= 4096
     if time_it:
-        for name, fn in fns.items():
-            try:
-                rec[name] = time_fn(timer, s, fn, big)
-            except C.DeviceLost:
-                raise
-            except Exception as e:  # noqa: BLE001
-                rec[f"{name}_error"] = f"timing: {type(e).__name__}: {str(e)[:300]}"
-        rec["floor_us"] = copy_floor_us(timer, s, rec["bytes"])
+        PC.time_calls(fns, timer, s, inp["n"] >= 4096, rec)
+        rec["floor_us"] = PC.copy_floor_us(timer, s, rec["bytes"])
     del outs, fns, inp
     return rec
-
-
-def _med(rec, api, key) -> Optional[float]:
-    v = (rec.get(api) or {}).get(key)
-    return v["median"] if v else None
-
-
-def joined_row(rec: Dict[str, Any]) -> Dict[str, Any]:
-    ts, td = _med(rec, "sglang", "cold_us"), _med(rec, "dsv4", "cold_us")
-    gs, gd = _med(rec, "sglang", "graph_us"), _med(rec, "dsv4", "graph_us")
-    fl = rec.get("floor_us")
-    conf = rec.get("conformance")
-    return {
-        "case": rec["case"], "op": rec["op"], "prefill": rec.get("prefill"),
-        "bytes": rec["bytes"],
-        "sglang_us": ts, "dsv4_us": td, "ratio": ts / td if ts and td else None,
-        "sglang_graph_us": gs, "dsv4_graph_us": gd,
-        "ratio_graph": gs / gd if gs and gd else None,
-        "floor_us": fl, "dsv4_pct_floor": 100 * fl / td if fl and td else None,
-        "sglang_pct_floor": 100 * fl / ts if fl and ts else None,
-        "conform": None if conf is None else ("ok" if conf["ok"] else "FAIL"),
-        "note": "; ".join([f"{a}: {rec[a + '_error']}" for a in APIS if rec.get(a + "_error")]
-                          + [f"{a} {rec[a]['graph_error']}" for a in APIS
-                             if (rec.get(a) or {}).get("graph_error")])
-                + ("" if not conf or conf["ok"] else f" {json.dumps(conf)}"),
-    }
-
-
-def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    def med(xs):
-        xs = [x for x in xs if x]
-        return statistics.median(xs) if xs else None
-
-    ratios = [r["ratio"] for r in rows if r["ratio"]]
-    slowest = min((r for r in rows if r["ratio"]), key=lambda r: r["ratio"], default=None)
-    graphs = [r["ratio_graph"] for r in rows if r["ratio_graph"]]
-    pre = [r for r in rows if r.get("prefill")]
-    return {
-        "cases": len(rows),
-        "conform": f"{sum(r['conform'] == 'ok' for r in rows)}/"
-                   f"{sum(r['conform'] is not None for r in rows)} ok",
-        "median_ratio": med(ratios), "min_ratio": min(ratios) if ratios else None,
-        "min_ratio_case": slowest and slowest["case"],
-        "median_ratio_graph": med(graphs), "min_ratio_graph": min(graphs) if graphs else None,
-        "median_prefill_dsv4_pct_floor": med([r["dsv4_pct_floor"] for r in pre]),
-        "median_prefill_sglang_pct_floor": med([r["sglang_pct_floor"] for r in pre]),
-        "prefill_dsv4_pct_floor": {r["case"]: r["dsv4_pct_floor"] for r in pre},
-        "prefill_sglang_pct_floor": {r["case"]: r["sglang_pct_floor"] for r in pre},
-        "errors": sum(bool(r["note"]) for r in rows),
-    }
-
-
-def summary_line(sm: Dict[str, Any]) -> str:
-    def f(x, nd=2):
-        return "-" if x is None else f"{x:.{nd}f}"
-
-    return (f"SUMMARY ratio sglang/dsv4 cold: median {f(sm['median_ratio'])}, min "
-            f"{f(sm['min_ratio'])} ({sm['min_ratio_case']}); graph: median "
-            f"{f(sm['median_ratio_graph'])}, min {f(sm['min_ratio_graph'])}; prefill % floor "
-            f"dsv4 median {f(sm['median_prefill_dsv4_pct_floor'], 1)}, sglang median "
-            f"{f(sm['median_prefill_sglang_pct_floor'], 1)}; conform {sm['conform']}; "
-            f"cases with a note {sm['errors']}")
-
-
-def _c(x, nd=1):
-    return "" if x is None else f"{x:.{nd}f}"
-
-
-HEADER = ("| case | sglang us | dsv4 us | ratio | sglang graph us | dsv4 graph us | ratio graph | "
-          "MB | floor us | dsv4 % floor | sglang % floor | conform | note |")
-
-
-def markdown(rows, summary, info, ceiling) -> List[str]:
-    lines = ["# dsv4_ops V4.1 ops vs the reference engine (sglang) kernels", "",
-             f"GPU {info.get('gpu')}; sglang {info.get('sglang_version')}; torch "
-             f"{info.get('torch')}; copy bandwidth {_c(ceiling and ceiling.get('gbps'), 0)} GB/s; "
-             f"{info.get('time')}", "",
-             "Medians in microseconds: cold = L2 flushed before each call; graph = per call in a "
-             "CUDA-graph replay. ratio = sglang / dsv4 (> 1: dsv4_ops faster). floor = cold time "
-             "of a device copy moving the case's bytes (read + written); % floor = floor / time.",
-             "", summary_line(summary), "", "Prefill % floor (dsv4 / sglang): " + ", ".join(
-                 f"{k} {_c(v)} / {_c(summary['prefill_sglang_pct_floor'].get(k))}"
-                 for k, v in summary["prefill_dsv4_pct_floor"].items()), "", HEADER,
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {_c(r['sglang_us'])} | {_c(r['dsv4_us'])} | {_c(r['ratio'], 2)} | "
-            f"{_c(r['sglang_graph_us'])} | {_c(r['dsv4_graph_us'])} | {_c(r['ratio_graph'], 2)} | "
-            f"{_c(r['bytes'] and r['bytes'] / 1e6, 3)} | {_c(r['floor_us'])} | {_c(r['dsv4_pct_floor'])} | "
-            f"{_c(r['sglang_pct_floor'])} | {r['conform'] or ''} | "
-            f"{r['note'].replace('|', '/')[:200]} |")
-    return lines
-
-
-def text_row(r) -> str:
-    def f(x, nd=1, w=9):
-        return f"{'-':>{w}}" if x is None else f"{x:>{w}.{nd}f}"
-
-    s = (f"{r['case'][:40]:<40} {f(r['sglang_us'])} {f(r['dsv4_us'])} {f(r['ratio'], 2, 6)} "
-         f"{f(r['sglang_graph_us'])} {f(r['dsv4_graph_us'])} {f(r['ratio_graph'], 2, 6)} "
-         f"{f(r['dsv4_pct_floor'], 1, 6)} {r['conform'] or '-':<5}")
-    return s + (f" {r['note'][:160]}" if r["note"] else "")
-
-
-TEXT_HEADER = (f"{'case':<40} {'sgl_us':>9} {'dsv4_us':>9} {'ratio':>6} {'sgl_g':>9} "
-               f"{'dsv4_g':>9} {'rat_g':>6} {'%floor':>6} conf")
-
-
-def load_peer(tool: str, peer_dir: str, info: Dict[str, Any], sglang_fn, dsv4_fn
-              ) -> Optional[Dict[str, Any]]:
-    """{"sglang": sglang_fn(), "dsv4": dsv4_fn()} through the peer kit's stub packages, with the
-    reference's version and the GPU in `info`; None (logged) if the kit, the reference, dsv4_ops
-    or a CUDA GPU is missing."""
-    try:
-        from benchmarks.peer_compare import load_harness
-
-        peer_dir = os.path.abspath(peer_dir)
-        H = load_harness(peer_dir)
-        H.setup_import_path()
-        H.prepare_toolchain(info)
-        import sglang
-
-        if not getattr(sglang, "PEER_STUB", False):
-            raise ImportError(f"the stub sglang package is not first on sys.path: "
-                              f"{sglang.__file__} (put {peer_dir}/stubs first on PYTHONPATH)")
-        apis = {"sglang": sglang_fn(), "dsv4": dsv4_fn()}
-        try:
-            from importlib.metadata import version
-
-            info["sglang_version"] = version("sglang")
-        except Exception:  # noqa: BLE001
-            info["sglang_version"] = "unknown"
-    except Exception as e:  # noqa: BLE001
-        log(f"[{tool}] cannot load the peer kit / the reference / dsv4_ops: "
-            f"{type(e).__name__}: {e}")
-        traceback.print_exc()
-        return None
-    if not torch.cuda.is_available():
-        log(f"[{tool}] needs a CUDA GPU (or --selftest)")
-        return None
-    p = torch.cuda.get_device_properties(torch.cuda.current_device())
-    info.update(gpu=p.name, cc=f"{p.major}.{p.minor}", torch_cuda=torch.version.cuda)
-    return apis
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peer-dir", default=None,
-                    help="the peer kit: sgl_bench.py, stubs/, wheels/ (benchmarks/README.md)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or "peer_low_ratio_out")
-    ap.add_argument("--quick", action="store_true",
-                    help="layouts v41_fp4 and v4, decode batch 8 and 1024, two verify cases")
+    PC.add_args(ap, "peer_low_ratio_out",
+                "layouts v41_fp4 and v4, decode batch 8 and 1024, two verify cases",
+                peer_help="the peer kit: sgl_bench.py, stubs/, wheels/ (benchmarks/README.md)")
     ap.add_argument("--layouts", default=None, help="comma list (default: all, --quick: 2)")
     ap.add_argument("--page-sizes", default="64")
-    ap.add_argument("--only", default=None, help="regex on the case names")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--no-graph", action="store_true")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="start no new case after this many seconds")
-    ap.add_argument("--selftest", action="store_true",
-                    help="CPU: tiny cases, dsv4_ops against the oracle stand-in")
-    args = ap.parse_args(argv)
-    t_start = time.monotonic()
-    os.makedirs(args.out, exist_ok=True)
-    info: Dict[str, Any] = {"time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                            "torch": torch.__version__, "python": sys.version.split()[0]}
-    cases = case_list(args.quick, args.layouts.split(",") if args.layouts else None,
-                      [int(p) for p in args.page_sizes.split(",")], selftest=args.selftest)
-    if args.only:
-        cases = [c for c in cases if re.search(args.only, c.name)]
-    s = Settings()
-    if args.selftest:
-        device = torch.device("cpu")
-        apis = {"sglang": OracleStandIn(), "dsv4": dsv4_api()}
-        info["sglang_version"] = "oracle stand-in (selftest)"
-        s.reps = s.reps_big = s.warmup = s.graph_replays = 1
-    else:
-        if not args.peer_dir:
-            ap.error("--peer-dir is required (or --selftest)")
-        apis = load_peer("peer_low_ratio", args.peer_dir, info, sglang_api, dsv4_api)
-        if apis is None:
-            return 1
-        device = torch.device("cuda", torch.cuda.current_device())
-        s.reps, s.reps_big, s.warmup, s.graph_replays = ((30, 8, 3, 5) if args.quick
-                                                         else (100, 20, 5, 10))
-        prebuild(sglang_builders(apis["sglang"], cases), info)
-    if args.reps:
-        s.reps = args.reps
-    s.no_graph = args.no_graph
+    PC.add_run_args(ap, "CPU: tiny cases, dsv4_ops against the oracle stand-in")
+    args, t_start, info, cases = PC.parse(ap, argv, lambda a: case_list(
+        a.quick, a.layouts.split(",") if a.layouts else None,
+        [int(p) for p in a.page_sizes.split(",")], selftest=a.selftest))
+    run = PC.engines("peer_low_ratio", args, info,
+                     lambda: {"sglang": OracleStandIn(), "dsv4": dsv4_api()},
+                     "oracle stand-in (selftest)", sglang_api, dsv4_api,
+                     lambda api: sglang_builders(api, cases))
+    if run is None:
+        return 1
+    apis, device, s = run
     try:
         import dsv4_ops
 
         info["dsv4_library"] = dsv4_ops.ops._library.LIBRARY_PATH
     except Exception as e:  # noqa: BLE001
         info["dsv4_import_error"] = f"{type(e).__name__}: {e}"
-    info["git"] = C.git_tree()
-    for k, v in info.items():
-        log(f"[env] {k}: {v}")
-    timer = C.Timer(device)
-    ceiling = C.copy_bandwidth(timer) if timer.is_cuda else None
-    if ceiling:
-        log(f"[ceiling] device copy {ceiling['gbps']:.0f} GB/s (read+write)")
-    log(f"[cases] {len(cases)}")
-    log(TEXT_HEADER)
-    deadline = t_start + args.budget_s if args.budget_s else None
-    recs, rows, skipped, status = [], [], [], 0
-    for case in cases:
-        if deadline and time.monotonic() > deadline:
-            skipped.append(case.name)
-            continue
-        try:
-            rec = run_case(case, apis, timer, s, device, time_it=True)
-        except C.DeviceLost as e:
-            log(f"[peer_low_ratio] CUDA context unusable after {case.name}: {e}; stopping")
-            info["device_lost"] = f"after {case.name}: {e}"
-            status = 3
-            break
-        except Exception as e:  # noqa: BLE001 (a builder bug: keep the other cases)
-            traceback.print_exc()
-            rec = {"case": case.name, "op": case.op, "prefill": case.is_prefill, "bytes": None,
-                   "dsv4_error": f"case: {type(e).__name__}: {str(e)[:300]}"}
-        if timer.is_cuda:
-            torch.cuda.empty_cache()
-        recs.append(rec)
-        row = joined_row(rec)
-        rows.append(row)
-        log(text_row(row))
-        if row["note"] and status == 0:
-            status = 2
-    summary = summarize(rows)
+    timer, ceiling = PC.begin(info, device, cases, PC.TEXT_HEADER, show_ceiling=True)
+    recs, rows, skipped, status = PC.run_all(
+        "peer_low_ratio", cases, lambda c: run_case(c, apis, timer, s, device, time_it=True),
+        lambda c, msg: {"case": c.name, "op": c.op, "prefill": c.is_prefill, "bytes": None,
+                        "dsv4_error": msg},
+        PC.joined_row, PC.text_row, timer, info,
+        deadline=t_start + args.budget_s if args.budget_s else None)
+    summary = PC.summarize(rows)
     summary.update(run_seconds=round(time.monotonic() - t_start, 1), skipped_for_time=skipped)
     payload = {"env": info, "ceiling": ceiling, "args": vars(args), "summary": summary,
                "joined": rows, "records": recs}
-    with open(os.path.join(args.out, "low_ratio.json"), "w") as f:
-        json.dump(payload, f, indent=1, default=str)
-    with open(os.path.join(args.out, "low_ratio.md"), "w") as f:
-        f.write("\n".join(markdown(rows, summary, info, ceiling)) + "\n")
+    PC.write_results(args.out, "low_ratio", payload, PC.markdown(
+        rows, summary, info, ceiling, "# dsv4_ops V4.1 ops vs the reference engine (sglang) kernels"))
     for k, v in summary["prefill_dsv4_pct_floor"].items():
-        log(f"prefill {k}: % floor dsv4 {_c(v)}, sglang "
-            f"{_c(summary['prefill_sglang_pct_floor'].get(k))}")
-    log(summary_line(summary))
+        log(f"prefill {k}: % floor dsv4 {PC.fmt(v)}, sglang "
+            f"{PC.fmt(summary['prefill_sglang_pct_floor'].get(k))}")
+    log(PC.summary_line(summary))
     log(f"wrote {args.out}/low_ratio.json and low_ratio.md (exit {status})")
     return status
 

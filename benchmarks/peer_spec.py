@@ -29,12 +29,9 @@ against a plain-PyTorch stand-in of contract 10 (float64 folds); measures nothin
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List
@@ -45,7 +42,7 @@ if __package__ in (None, ""):
 import torch
 
 from benchmarks import common as C
-from benchmarks import peer_low_ratio as P
+from benchmarks import peer_common as PC
 
 HEAD_DIM = 512
 BATCHES = (1, 8, 64, 256)
@@ -54,8 +51,7 @@ QUICK_BATCHES = (8, 256)
 QUICK_WIDTHS = (4, 7)
 SELFTEST = ((2, 3), (3, 2))
 OPS = ("step", "stage", "commit")
-APIS = P.APIS
-REF_MODULE = P.REF_PKG + ".online_c128_mtp"
+REF_MODULE = PC.REF_PKG + ".online_c128_mtp"
 
 
 @dataclass(frozen=True)
@@ -236,117 +232,52 @@ def conformance(inp: Dict[str, Any], ref: Dict[str, torch.Tensor],
     return out
 
 
-def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: P.Settings, device
+def run_case(case: Case, apis: Dict[str, Any], timer: C.Timer, s: PC.Settings, device
              ) -> Dict[str, Any]:
     inp = build_inputs(case, device)
     rec: Dict[str, Any] = {"case": case.name, "op": case.op, "prefill": False, "rows": inp["n"],
                            "bytes": case_bytes(inp)}
-    outs, fns = {}, {}
-    for name, api in apis.items():
-        try:
-            outs[name] = fresh_outputs(inp)
-            fns[name] = call_fn(api, inp, outs[name])
-            fns[name]()
-            timer.sync()
-        except Exception as e:  # noqa: BLE001
-            rec[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            fns.pop(name, None)
-            lost = C.device_healthy(timer.device)
-            if lost:
-                raise C.DeviceLost(lost) from e
+    outs, fns = PC.shared_input_calls(apis, inp, fresh_outputs, call_fn, timer, rec)
     if len(fns) == 2:
         rec["conformance"] = conformance(inp, outs["sglang"], outs["dsv4"])
-    for name, fn in fns.items():
-        try:
-            rec[name] = P.time_fn(timer, s, fn, False)
-        except C.DeviceLost:
-            raise
-        except Exception as e:  # noqa: BLE001
-            rec[f"{name}_error"] = f"timing: {type(e).__name__}: {str(e)[:300]}"
-    rec["floor_us"] = P.copy_floor_us(timer, s, rec["bytes"])
+    PC.time_calls(fns, timer, s, False, rec)
+    rec["floor_us"] = PC.copy_floor_us(timer, s, rec["bytes"])
     return rec
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peer-dir", default=None, help="the peer kit: stubs/, wheels/")
-    ap.add_argument("--out", default=os.environ.get("OUT") or "peer_spec_out")
-    ap.add_argument("--quick", action="store_true", help="B 8 and 256, D 4 and 7")
-    ap.add_argument("--only", default=None, help="regex on the case names")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--no-graph", action="store_true")
-    ap.add_argument("--selftest", action="store_true",
-                    help="CPU: tiny cases, dsv4_ops against the plain-PyTorch stand-in")
-    args = ap.parse_args(argv)
-    t_start = time.monotonic()
-    os.makedirs(args.out, exist_ok=True)
-    info: Dict[str, Any] = {"time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                            "torch": torch.__version__, "python": sys.version.split()[0]}
-    cases = case_list(args.quick, args.selftest)
-    if args.only:
-        cases = [c for c in cases if re.search(args.only, c.name)]
-    s = P.Settings()
-    if args.selftest:
-        device = torch.device("cpu")
-        apis = {"sglang": StandIn(), "dsv4": dsv4_api()}
-        info["sglang_version"] = "plain-PyTorch stand-in (selftest)"
-        s.reps = s.reps_big = s.warmup = s.graph_replays = 1
-    else:
-        if not args.peer_dir:
-            ap.error("--peer-dir is required (or --selftest)")
-        apis = P.load_peer("peer_spec", args.peer_dir, info, sglang_api, dsv4_api)
-        if apis is None:
-            return 1
-        device = torch.device("cuda", torch.cuda.current_device())
-        s.reps, s.reps_big, s.warmup, s.graph_replays = ((30, 8, 3, 5) if args.quick
-                                                         else (100, 20, 5, 10))
-        P.prebuild([("online_c128_mtp", f) for f in sglang_builders(apis["sglang"])], info)
-    if args.reps:
-        s.reps = args.reps
-    s.no_graph = args.no_graph
-    info["git"] = C.git_tree()
-    for k, v in info.items():
-        log(f"[env] {k}: {v}")
-    timer = C.Timer(device)
-    ceiling = C.copy_bandwidth(timer) if timer.is_cuda else None
-    log(f"[cases] {len(cases)}")
-    log(P.TEXT_HEADER)
-    recs, rows, status = [], [], 0
-    for case in cases:
-        try:
-            rec = run_case(case, apis, timer, s, device)
-        except C.DeviceLost as e:
-            log(f"[peer_spec] CUDA context unusable after {case.name}: {e}; stopping")
-            info["device_lost"] = f"after {case.name}: {e}"
-            status = 3
-            break
-        except Exception as e:  # noqa: BLE001 (a builder bug: keep the other cases)
-            traceback.print_exc()
-            rec = {"case": case.name, "op": case.op, "prefill": False, "bytes": None,
-                   "dsv4_error": f"case: {type(e).__name__}: {str(e)[:300]}"}
-        recs.append(rec)
-        row = P.joined_row(rec)
-        rows.append(row)
-        log(P.text_row(row))
-        if row["note"] and status == 0:
-            status = 2
-    summary = P.summarize(rows)
+    PC.add_args(ap, "peer_spec_out", "B 8 and 256, D 4 and 7",
+                peer_help="the peer kit: stubs/, wheels/")
+    PC.add_run_args(ap, "CPU: tiny cases, dsv4_ops against the plain-PyTorch stand-in",
+                    budget=False)
+    args, t_start, info, cases = PC.parse(ap, argv, lambda a: case_list(a.quick, a.selftest))
+    run = PC.engines("peer_spec", args, info, lambda: {"sglang": StandIn(), "dsv4": dsv4_api()},
+                     "plain-PyTorch stand-in (selftest)", sglang_api, dsv4_api,
+                     lambda api: [("online_c128_mtp", f) for f in sglang_builders(api)])
+    if run is None:
+        return 1
+    apis, device, s = run
+    timer, ceiling = PC.begin(info, device, cases, PC.TEXT_HEADER)
+    recs, rows, _, status = PC.run_all(
+        "peer_spec", cases, lambda c: run_case(c, apis, timer, s, device),
+        lambda c, msg: {"case": c.name, "op": c.op, "prefill": False, "bytes": None,
+                        "dsv4_error": msg},
+        PC.joined_row, PC.text_row, timer, info)
+    summary = PC.summarize(rows)
     summary.update(run_seconds=round(time.monotonic() - t_start, 1))
     payload = {"env": info, "ceiling": ceiling, "args": vars(args), "summary": summary,
                "joined": rows, "records": recs}
-    with open(os.path.join(args.out, "spec.json"), "w") as f:
-        json.dump(payload, f, indent=1, default=str)
-    lines = P.markdown(rows, summary, info, ceiling)
-    lines[0] = "# dsv4_ops speculative-decoding ops vs the reference engine (sglang) kernels"
-    with open(os.path.join(args.out, "spec.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    log(P.summary_line(summary))
+    PC.write_results(args.out, "spec", payload, PC.markdown(
+        rows, summary, info, ceiling,
+        "# dsv4_ops speculative-decoding ops vs the reference engine (sglang) kernels"))
+    log(PC.summary_line(summary))
     log(f"wrote {args.out}/spec.json and spec.md (exit {status})")
     return status
 
 
-log = P.log
+log = PC.log
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -124,15 +124,21 @@ def test_low_ratio_case_inputs():
     assert P.case_bytes(pre) > n_odd * (1024 + 584) + pre["n"] * 4096
 
 
-def test_low_ratio_selftest(tmp_path):
-    """`python -m benchmarks.peer_low_ratio --selftest`: every case's inputs built at a tiny
-    size, dsv4_ops run on the CPU and compared with the oracle stand-in; all conform."""
+def _selftest(module, tmp_path):
+    """`python -m benchmarks.<module> --selftest --out tmp_path` from the project root,
+    asserted to exit 0."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    run = subprocess.run([sys.executable, "-m", "benchmarks.peer_low_ratio", "--selftest",
+    run = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--selftest",
                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+
+
+def test_low_ratio_selftest(tmp_path):
+    """`python -m benchmarks.peer_low_ratio --selftest`: every case's inputs built at a tiny
+    size, dsv4_ops run on the CPU and compared with the oracle stand-in; all conform."""
+    _selftest("peer_low_ratio", tmp_path)
     rows = json.loads((tmp_path / "low_ratio.json").read_text())["joined"]
     assert {r["op"] for r in rows} == {"c1", "c1_prefill", "c2", "c2_verify", "c2_prefill",
                                        "index_k", "index_k_prefill", "kv_store", "cnrs"}
@@ -183,12 +189,7 @@ def test_fused_peer_selftest(tmp_path):
     """`python -m benchmarks.peer_fused --selftest`: every kernel's decode steps (closing and
     open) through the fused op, our pair and the float64 stand-in of the reference pair on
     the CPU; the fused call equals our pair bitwise and conforms to the stand-in."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    run = subprocess.run([sys.executable, "-m", "benchmarks.peer_fused", "--selftest",
-                          "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    _selftest("peer_fused", tmp_path)
     payload = json.loads((tmp_path / "fused.json").read_text())
     rows = payload["joined"]
     assert {(r["kernel"], r["pattern"]) for r in rows} == {
