@@ -100,19 +100,22 @@ def inputs_for(w, decode, padded, strided, gen):
     return kv_in, out_loc
 
 
-def run_both(w, plan, kv_in, out_loc, fmt, layout, out_dtype, dcp=(1, 0, 1), cache=None):
+def run_both(w, plan, kv_in, out_loc, fmt, layout, out_dtype, dcp=(1, 0, 1), cache=None,
+             norm_weight=None, freqs=None, copy_cache=torch.Tensor.clone):
     """(pair, fused): (state, cache, out) after the unfused pair and after compress_and_store on
-    copies of the world's state and of one cache. out_dtype None: the fused call without `out`
-    (the pair's rows then have kv_score_input's dtype, compress_forward's default)."""
+    copies of the world's state and of one cache (made by copy_cache). out_dtype None: the
+    fused call without `out` (the pair's rows then have kv_score_input's dtype,
+    compress_forward's default)."""
     cr, hd = w.compress_ratio, w.head_dim
     cache = random_cache(w, fmt, layout) if cache is None else cache
-    store = dict(norm_weight=w.norm_weight, norm_eps=1e-6, freq_cis=w.freqs, out_loc=out_loc,
+    store = dict(norm_weight=w.norm_weight if norm_weight is None else norm_weight,
+                 norm_eps=1e-6, freq_cis=w.freqs if freqs is None else freqs, out_loc=out_loc,
                  page_size=w.cache_page_size, layout=layout, dcp_world_size=dcp[0],
                  dcp_rank=dcp[1], dcp_interleave=dcp[2], **FLAGS[fmt])
     rows = plan[1].shape[0]
     results = []
     for fused in (False, True):
-        state, kvcache = w.state.clone(), cache.clone()
+        state, kvcache = w.state.clone(), copy_cache(cache)
         out = (None if out_dtype is None and fused
                else torch.empty((rows, hd), dtype=out_dtype or kv_in.dtype, device=w.device))
         if fused:
@@ -224,6 +227,40 @@ def test_dcp_ranks_equal_pair(device, fmt, layout, decode):
         assert_same(w, cache, pair, fused, False, expect_store=False)
         stored += int(not torch.equal(bits(pair[1]), bits(cache)))
     assert stored == ws, "a rank stored nothing: the test proves less than it says"
+
+
+def _at_odd_offset(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t that starts one element into its storage (no vector access is aligned)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = buf[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+@pytest.mark.parametrize("form", ["bf16_weight", "int32_out_loc", "unaligned"])
+@pytest.mark.parametrize("cr,hd,addressing,fmt", [
+    (4, 512, "swa_paged", "fp8_ds_mla"), (4, 512, "legacy", "bf16"),
+    (4, 128, "swa_paged", "fp4_indexer"), (4, 128, "legacy", "fp8_indexer"),
+    (128, 512, "online", "fp8_ds_mla"), (128, 512, "online", "bf16")],
+    ids=["c4-hd512-fp8_ds_mla", "c4-hd512-bf16", "c4-hd128-fp4", "c4-hd128-fp8",
+         "online-fp8_ds_mla", "online-bf16"])
+def test_argument_forms_equal_pair(device, cr, hd, addressing, fmt, form):
+    """The store's other argument forms through the fused decode kernels' own store steps:
+    bf16 norm weights, an int32 out_loc, and norm weights, rope table and cache at odd
+    offsets (the element-wise and byte-wise paths)."""
+    w = world_for(device, cr, hd, addressing, F32, F32, decode=True, seed=8)
+    plan = plan_for(w, True)
+    kv_in, out_loc = inputs_for(w, True, False, False, None)
+    extra = {}
+    if form == "bf16_weight":
+        extra["norm_weight"] = w.norm_weight.to(BF16)
+    elif form == "int32_out_loc":
+        out_loc = out_loc.to(torch.int32)
+    else:
+        extra.update(norm_weight=_at_odd_offset(w.norm_weight), freqs=_at_odd_offset(w.freqs),
+                     copy_cache=_at_odd_offset)
+    cache, pair, fused = run_both(w, plan, kv_in, out_loc, fmt, "v4", F32, **extra)
+    assert_same(w, cache, pair, fused, True)
 
 
 def test_steps_that_close_no_window(device):

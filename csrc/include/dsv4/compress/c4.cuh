@@ -24,8 +24,11 @@ namespace compress {
 // kHd (128 / 512) is a template parameter so that every row offset is a constant.
 // c4_record_group pools one block's group of kC4Block / (kHd / kVec) records; prefill: `recs`
 // holds the group's plan records (global memory, or shared for a block of several turns).
-template <typename TS, typename TI, bool kDecode, int kHd>
-DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressPlan* recs) {
+// `sink(i, v)` takes a record's pooled channels (out elements i..i+3; zeros for a window with
+// nothing to pool): OutStore (vec.cuh) writes them to p.out; the fused kernels also keep them.
+template <typename TS, typename TI, bool kDecode, int kHd, typename Sink>
+DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressPlan* recs,
+                                 const Sink& sink) {
   constexpr int V = kVec;
   constexpr int kLanes = kHd / V;  // threads of one event: 32 (hd 128) / 128 (hd 512)
   constexpr int64_t kRow = 4 * int64_t(kHd);  // state rows (and input row width)
@@ -80,7 +83,7 @@ DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressP
     pdl_trigger();
     if (active) {
       const float zero[V] = {};
-      store_out_vec(p.out, p.out_type, e * kHd + c, zero);
+      sink(e * kHd + c, zero);
     }
     return;
   }
@@ -119,7 +122,7 @@ DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressP
   float res[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) res[j] = softmax_value_fast(acc[j]);
-  store_out_vec(p.out, p.out_type, e * kHd + c, res);
+  sink(e * kHd + c, res);
 }
 
 template <typename TS, typename TI, bool kDecode, int kHd>
@@ -128,7 +131,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   static_assert(kC4Block % (kHd / kVec) == 0, "events tile a block");
   pdl_wait();
   if constexpr (kDecode) {
-    c4_record_group<TS, TI, true, kHd>(p, blockIdx.x, nullptr);
+    c4_record_group<TS, TI, true, kHd>(p, blockIdx.x, nullptr, OutStore{p});
   } else {
     // A long (padded) plan: the block takes groups blockIdx.x + j * gridDim.x in turn
     // (strided_unit_groups, at most kC4MaxTurns), their plan records read at once, so that a
@@ -149,7 +152,8 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
       src = recs;
     }
     for (int j = 0; j < turns; ++j)
-      c4_record_group<TS, TI, false, kHd>(p, blockIdx.x + int64_t(j) * gridDim.x, src + j * kGroup);
+      c4_record_group<TS, TI, false, kHd>(p, blockIdx.x + int64_t(j) * gridDim.x, src + j * kGroup,
+                                        OutStore{p});
   }
 }
 

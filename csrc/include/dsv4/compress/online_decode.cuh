@@ -18,9 +18,10 @@ namespace compress {
 // read_page_0 (restart at q == 0); q == 127: out = K' and the state is not stored; otherwise
 // store (M, S', K') at write_loc and out = 0. This thread's channels c..c+3 of entry
 // blockIdx.x * online_decode_per_block(hd) + threadIdx.x / (hd / kVec). Also run by the fused
-// compress_and_store kernel (fused/decode_store_kernel.cuh) before its store.
-template <typename TS, typename TI>
-DSV4_DEVICE void online_decode_entry(const Params& p) {
+// compress_and_store kernel (fused/online_decode_store.cuh) before its store.
+// `sink(i, v)` takes the entry's out channels (vec.cuh's OutStore writes them to p.out).
+template <typename TS, typename TI, typename Sink>
+DSV4_DEVICE void online_decode_entry(const Params& p, const Sink& sink) {
   const int hd = p.hd;
   const int lanes = hd / kVec;
   const int64_t b = int64_t(blockIdx.x) * online_decode_per_block(hd) + threadIdx.x / lanes;
@@ -76,13 +77,13 @@ DSV4_DEVICE void online_decode_entry(const Params& p) {
     }
   }
   pdl_trigger();
-  store_out_vec(p.out, p.out_type, b * hd + c, res);
+  sink(b * hd + c, res);
 }
 
 template <typename TS, typename TI>
 __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) online_decode_kernel(const Params p) {
   pdl_wait();
-  online_decode_entry<TS, TI>(p);
+  online_decode_entry<TS, TI>(p, OutStore{p});
 }
 
 }  // namespace compress

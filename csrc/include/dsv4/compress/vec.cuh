@@ -84,6 +84,15 @@ DSV4_DEVICE void store_out_vec(void* out, int32_t type, int64_t i, const float (
     store_vec(static_cast<uint16_t*>(out) + i, v);
 }
 
+// The pooling kernels' sink of pooled channels (c4.cuh, online_decode.cuh): out elements
+// i..i+3 stored to p.out.
+struct OutStore {
+  const Params& p;
+  DSV4_DEVICE void operator()(int64_t i, const float (&v)[4]) const {
+    store_out_vec(p.out, p.out_type, i, v);
+  }
+};
+
 template <typename T, int V>
 DSV4_DEVICE void round_vec(float (&v)[V]) {
 #pragma unroll

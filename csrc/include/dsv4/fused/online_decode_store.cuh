@@ -3,9 +3,11 @@
 // block's entries, then compress_norm_rope_store's store (store_row) of each, one launch.
 //
 // online_decode_store_kernel<TS, TI, TO, kFormat>: kBlock threads, kBlock / (hd / 4) entries (hd
-// 512: two); the rows go to the rows buffer (Params::out, of type TO) and, after a
-// block barrier, one 32-lane group per entry stores its row (the rows of entries that close no
-// chunk are zeros and store nothing). kFormat: a store kernel format (a V4.0 store format or
+// 512: two); the rows go to the rows buffer (Params::out, of type TO). fp8_ds_mla and bf16 (hd
+// 512): each entry's 128 threads then store its row from their registers (spread_store.cuh); hd
+// 128: an entry's 32 threads are its store lane group and run store_row on their own values;
+// the V4.1 layouts: after a block barrier, one 32-lane group per entry stores its row (the rows
+// of entries that close no chunk are zeros and store nothing). kFormat: a store kernel format (a V4.0 store format or
 // fp8_ds_mla rows in a V4.1 layout, store_layout_format).
 //
 // Instantiation (fused/instantiations/, through kernel_set_def.cuh), e.g.
@@ -15,6 +17,7 @@
 
 #include "../compress/online_decode.cuh"
 #include "../store/store_kernel.cuh"
+#include "spread_store.cuh"
 
 #if defined(DSV4_GPU_COMPILER)
 
@@ -25,10 +28,34 @@ template <typename TS, typename TI, typename TO, int kFormat>
 __global__ void DSV4_COMPRESS_BOUNDS(compress::kBlock, 2)
     online_decode_store_kernel(const compress::Params p, const StoreKernelArgs a) {
   pdl_wait();
-  compress::online_decode_entry<TS, TI>(p);
-  __syncthreads();  // the block's rows are written (global memory, visible to the block)
   constexpr int kHd = store_kernel_head_dim(kFormat);
-  store_block_rows<kFormat, TO>(a, compress::online_decode_per_block(kHd));
+  constexpr int kPerBlock = compress::kBlock / (kHd / compress::kVec);
+  if constexpr (store_format_spreads(kFormat)) {
+    // hd 512, V4.0 format: each of the block's rows stored from its pooling threads' registers.
+    static_assert(kHd / compress::kVec == kSpreadThreads, "128 threads a row");
+    __shared__ float warp_sums[kPerBlock][kSpreadWarpSums];
+    const int u = int(threadIdx.x) % kSpreadThreads, r = int(threadIdx.x) / kSpreadThreads;
+    const SpreadTarget s = spread_target(a, int64_t(blockIdx.x) * kPerBlock + r, u);
+    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    compress::online_decode_entry<TS, TI>(p, [&](int64_t i, const float (&v)[4]) {
+      compress::store_out_vec(p.out, p.out_type, i, v);
+      as_rows_buffer<TO>(v, x);
+    });
+    store_spread_row<kFormat>(a, s, x, u, warp_sums[r]);
+  } else if constexpr (kHd == 4 * kLaneGroup) {
+    // hd 128: an entry's 32 threads are its store lane group (lane l: dims 4l..4l+3).
+    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    compress::online_decode_entry<TS, TI>(p, [&](int64_t i, const float (&v)[4]) {
+      compress::store_out_vec(p.out, p.out_type, i, v);
+      as_rows_buffer<TO>(v, x);
+    });
+    store_row<kFormat, TO, false, true>(a, int64_t(blockIdx.x) * kPerBlock + threadIdx.x / kLaneGroup,
+                                        int(threadIdx.x) % kLaneGroup, x);
+  } else {
+    compress::online_decode_entry<TS, TI>(p, compress::OutStore{p});
+    __syncthreads();  // the block's rows are written (global memory, visible to the block)
+    store_block_rows<kFormat, TO>(a, kPerBlock);
+  }
 }
 
 }  // namespace fused

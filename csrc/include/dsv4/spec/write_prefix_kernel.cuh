@@ -115,6 +115,7 @@ DSV4_DEVICE void stage_thread(const WritePrefixParams& p, const StageEntry& e, i
 template <typename TS, typename TI, int kHd>
 __global__ void __launch_bounds__(kStageBlock) write_prefix_kernel(const WritePrefixParams p) {
   pdl_wait();
+  pdl_trigger();  // the next kernel may become resident while this one's loads are out
   constexpr int kLanes = kHd / kStageVec;
   const int64_t t = int64_t(blockIdx.x) * kStageBlock + threadIdx.x;
   const int64_t b = t / kLanes;
@@ -130,7 +131,6 @@ __global__ void __launch_bounds__(kStageBlock) write_prefix_kernel(const WritePr
         stage_thread<TS, TI, kHd, compress::kApeF16>(p, e, b, c);
     }
   }
-  pdl_trigger();
 }
 
 }  // namespace spec

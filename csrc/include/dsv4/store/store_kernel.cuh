@@ -155,10 +155,13 @@ DSV4_DEVICE void store_norm_rope_v41(const float (&x)[4][4], const float (&w)[4]
 // run by the fused compress_and_store kernels (fused/decode_store_kernel.cuh) after their
 // pooling. kInKernel false: the caller has waited for the grid dependency and made the rows
 // (a block barrier after its writes): the record is read once, no guess, no PDL calls.
+// kRegRow (fused kernels whose pooling threads are the lane group, hd 128): the row's values are
+// this lane's x_reg, as the rows buffer of type KvT holds them, and the row is not loaded.
 // One body (about 180 lines): with the format writes split into functions nvcc schedules the fp8
 // instances' code differently, so the cache writes stay inline.
-template <int kFormat, typename KvT, bool kInKernel>
-DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane) {
+template <int kFormat, typename KvT, bool kInKernel, bool kRegRow = false>
+DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
+                           const float* x_reg = nullptr) {
   using namespace store_detail;
   constexpr int kHd = store_kernel_head_dim(kFormat);
   constexpr int kJ = kHd / 128;  // 4-value chunks per lane
@@ -220,8 +223,10 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane) {
         load_bits(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in,
                   w_bits[j]);
     }
+    if constexpr (!kRegRow) {
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) load_bits(row + lane_dim(j, lane, 0), a.vec_in, x_bits[j]);
+      for (int j = 0; j < kJ; ++j) load_bits(row + lane_dim(j, lane, 0), a.vec_in, x_bits[j]);
+    }
   };
   // Destination and the rope lanes' (cos, sin) pairs of record (sl, w1); false: the row
   // stores nothing.
@@ -253,7 +258,12 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane) {
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
     bits_to_f32(w_bits[j], a.w_bf16, w[j]);
-    bits_to_f32(x_bits[j], sizeof(KvT) == 2, x[j]);
+    if constexpr (kRegRow) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[j][k] = x_reg[4 * j + k];
+    } else {
+      bits_to_f32(x_bits[j], sizeof(KvT) == 2, x[j]);
+    }
   }
   const int64_t loc = a.loc64 ? int64_t((uint64_t(loc_bits.y) << 32) | loc_bits.x)
                               : int64_t(int32_t(loc_bits.x));
