@@ -3,6 +3,7 @@
 
     python benchmarks/run.py [--quick] [--only REGEX] [--out DIR]
                              [--families plan,compress,store,step,fused,low_ratio,cp,spec]
+                             [--peer-dir PEER | --peer-selftest]
 
 Prints one table (time, bytes moved, effective bandwidth, % of the device copy bandwidth
 measured in the same run, speed-up over the plain-PyTorch reference) and writes, under --out:
@@ -10,6 +11,12 @@ measured in the same run, speed-up over the plain-PyTorch reference) and writes,
   results.md     the table in markdown
   bandwidth.png  achieved GB/s per case (bars: cold; dots: CUDA-graph replay) against a
                  horizontal line at the measured copy bandwidth, one panel per family
+  peer.png       with --peer-dir: reference / dsv4_ops per case of the families that have a
+                 side-by-side script (low_ratio: peer_low_ratio.py, fused: peer_fused.py, spec:
+                 peer_spec.py; bars: cold; dots: CUDA-graph replay), whose rows results.md and
+                 results.json ("peer") also hold. PEER is the peer kit (benchmarks/README.md);
+                 run with its PYTHONPATH (PEER/stubs:SITE). --peer-selftest: the scripts' CPU
+                 stand-ins instead of the reference engine.
 results.json is rewritten after every family, so an interrupted run keeps what it measured.
 Exit status: 0 all rows measured, 1 some rows failed, 2 dsv4_ops not importable, 3 the CUDA
 context was lost (later families skipped).
@@ -23,7 +30,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,6 +49,131 @@ def family_functions():
             "low_ratio": bench_low_ratio.rows, "cp": bench_cp.rows, "spec": bench_spec.rows}
 
 
+# family -> (side-by-side script, the stem of the results it writes)
+PEER_SCRIPTS = {"low_ratio": ("peer_low_ratio", "low_ratio"), "fused": ("peer_fused", "fused"),
+                "spec": ("peer_spec", "spec")}
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a and b else None
+
+
+def peer_rows(family: str, joined: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """A side-by-side script's joined rows as dsv4_ops against the reference engine (fused:
+    compress_and_store against the reference's unfused pair); ratio = reference / dsv4_ops."""
+    out = []
+    for r in joined:
+        if family == "fused":
+            ours, ref = r.get("fused_us"), r.get("ref_us")
+            ours_g, ref_g = r.get("fused_graph_us"), r.get("ref_graph_us")
+            conform = ("ok" if r.get("pair_conform") == "ok" and r.get("ref_conform") == "ok"
+                       else f"pair {r.get('pair_conform')}, ref {r.get('ref_conform')}")
+        else:
+            ours, ref = r.get("dsv4_us"), r.get("sglang_us")
+            ours_g, ref_g = r.get("dsv4_graph_us"), r.get("sglang_graph_us")
+            conform = r.get("conform")
+        out.append({"family": family, "case": r.get("case"), "ours_us": ours, "ref_us": ref,
+                    "ratio": _ratio(ref, ours), "ours_graph_us": ours_g, "ref_graph_us": ref_g,
+                    "ratio_graph": _ratio(ref_g, ours_g), "conform": conform})
+    return out
+
+
+def run_peers(args) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """(rows, notes): the side-by-side script of every selected family that has one, each in
+    a child process writing under OUT/peer/<family>."""
+    rows: List[Dict[str, Any]] = []
+    notes: List[str] = []
+    fams = [f.strip() for f in args.families.split(",")]
+    for fam in [f for f in PEER_SCRIPTS if f in fams]:
+        script, stem = PEER_SCRIPTS[fam]
+        sub = os.path.join(args.out, "peer", fam)
+        cmd = [sys.executable, "-m", f"benchmarks.{script}", "--out", sub]
+        cmd += ["--selftest"] if args.peer_selftest else ["--peer-dir", args.peer_dir]
+        if args.quick:
+            cmd.append("--quick")
+        C.log(f"[run] side by side {fam}: {' '.join(cmd)}")
+        rc = subprocess.call(cmd, cwd=C.REPO_ROOT)
+        try:
+            with open(os.path.join(sub, stem + ".json")) as f:
+                joined = json.load(f).get("joined", [])
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"side by side {fam}: no {stem}.json ({type(e).__name__}), exit {rc}")
+            continue
+        rows += peer_rows(fam, joined)
+        if rc != 0:
+            notes.append(f"side by side {fam} exited with {rc}")
+    return rows, notes
+
+
+def _med(xs: List[float]) -> Optional[float]:
+    xs = sorted(x for x in xs if x)
+    return xs[len(xs) // 2] if xs else None
+
+
+def peer_markdown(rows: List[Dict[str, Any]]) -> List[str]:
+    def f(x, nd=2):
+        return "-" if x is None else f"{x:.{nd}f}"
+
+    lines = ["", "## beside the reference engine", "",
+             "ratio = reference / dsv4_ops (> 1: dsv4_ops faster); fused: compress_and_store "
+             "against the reference's compress + store pair; conform: the script's output check.",
+             ""]
+    for fam in dict.fromkeys(r["family"] for r in rows):
+        rs = [r for r in rows if r["family"] == fam]
+        cold, graph = [r["ratio"] for r in rs], [r["ratio_graph"] for r in rs]
+        lo = min((x for x in cold if x), default=None)
+        lo_g = min((x for x in graph if x), default=None)
+        lines.append(f"{fam}: {len(rs)} cases, ratio median {f(_med(cold))} cold / "
+                     f"{f(_med(graph))} graph, smallest {f(lo)} / {f(lo_g)}; conforming "
+                     f"{sum(r['conform'] == 'ok' for r in rs)} of {len(rs)}")
+    lines += ["", "| family | case | dsv4_ops us | reference us | ratio | dsv4_ops graph us | "
+              "reference graph us | ratio graph | conform |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['family']} | {r['case']} | {f(r['ours_us'], 1)} | {f(r['ref_us'], 1)} | "
+                     f"{f(r['ratio'])} | {f(r['ours_graph_us'], 1)} | {f(r['ref_graph_us'], 1)} | "
+                     f"{f(r['ratio_graph'])} | {r['conform']} |")
+    return lines
+
+
+def plot_peer(path: str, rows: List[Dict[str, Any]], title: str) -> Optional[str]:
+    """One panel per family: bars = reference / dsv4_ops cold, dots = under graph replay,
+    dashed line at 1. Returns an error string instead of raising."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        return f"matplotlib unavailable: {e}"
+    fams = list(dict.fromkeys(r["family"] for r in rows))
+    widest = max(sum(r["family"] == fam for r in rows) for fam in fams)
+    fig, axes = plt.subplots(len(fams), 1, figsize=(min(max(8.0, 0.22 * widest + 2.0), 120.0),
+                                                     4.2 * len(fams)), squeeze=False)
+    for ax, fam in zip(axes[:, 0], fams):
+        rs = [r for r in rows if r["family"] == fam]
+        x = list(range(len(rs)))
+        ax.bar(x, [r["ratio"] or 0.0 for r in rs], color="tab:blue", label="cold L2")
+        gx = [i for i, r in zip(x, rs) if r["ratio_graph"]]
+        if gx:
+            ax.plot(gx, [rs[i]["ratio_graph"] for i in gx], "o", color="tab:orange",
+                    markersize=3, label="graph replay")
+        ax.axhline(1.0, color="tab:red", linestyle="--", label="equal time")
+        vals = [v for r in rs for v in (r["ratio"], r["ratio_graph"]) if v]
+        if vals and max(vals) / min(vals) > 50:
+            ax.set_yscale("log")  # the CPU stand-ins are float64 models, far slower
+        ax.set_xticks(x)
+        ax.set_xticklabels([r["case"] for r in rs], rotation=90, fontsize=6)
+        ax.set_xlim(-1, max(len(rs), 8))
+        ax.set_ylabel("reference / dsv4_ops")
+        ax.set_title(f"{title}: {fam} beside the reference engine", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return None
+
+
 def _clean(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [{k: v for k, v in r.items()} for r in rows]
 
@@ -54,7 +186,7 @@ def write_json(path: str, payload: Dict[str, Any]) -> None:
 
 
 def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any],
-                   notes: List[str]) -> None:
+                   notes: List[str], peer: Optional[List[Dict[str, Any]]] = None) -> None:
     lines = ["# dsv4_ops benchmarks", ""]
     dev = info.get("gpu") or info.get("device")
     lines.append(f"device: {dev}; torch {info.get('torch')} (cuda {info.get('torch_cuda')}); "
@@ -67,6 +199,8 @@ def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any],
               "way (cold rows of at least 1 MB: a short op pays the fixed costs a short copy "
               "pays); x ref: dsv4_ops.testing.reference time / dsv4_ops time.", ""]
     lines += C.markdown_table(rows)
+    if peer:
+        lines += peer_markdown(peer)
     if notes:
         lines += ["", "## notes", ""] + [f"- {n}" for n in notes]
     with open(path, "w") as f:
@@ -134,13 +268,22 @@ def report(args, info: Dict[str, Any], copy: Dict[str, Any], rows: List[Dict[str
         notes.append(f"{len(skipped)} cases skipped by the time budget: " + ", ".join(skipped[:20]))
     notes += [f"check: {b}" for b in bad_checks]
     notes += [f"error: {r['case']} {r['op']}: {str(r['error'])[:200]}" for r in errors]
+    peer: List[Dict[str, Any]] = []
+    if args.peer_dir or args.peer_selftest:
+        peer, peer_notes = run_peers(args)
+        notes += peer_notes
+        payload["peer"] = peer
     ceiling = C.ceiling_row_of(copy, info.get("device", ""))
     all_rows = ([ceiling] if ceiling else []) + rows
-    write_markdown(os.path.join(args.out, "results.md"), all_rows, info, copy, notes)
     title = f"dsv4_ops on {info.get('gpu') or info.get('device')}"
     perr = plot_bandwidth(os.path.join(args.out, "bandwidth.png"), rows, copy.get("gbps"), title)
     if perr:
         notes.append(f"plot: {perr}")
+    if peer:
+        perr = plot_peer(os.path.join(args.out, "peer.png"), peer, title)
+        if perr:
+            notes.append(f"peer plot: {perr}")
+    write_markdown(os.path.join(args.out, "results.md"), all_rows, info, copy, notes, peer)
     payload["rows"] = _clean(rows)
     write_json(json_path, payload)
     C.log("")
@@ -149,6 +292,8 @@ def report(args, info: Dict[str, Any], copy: Dict[str, Any], rows: List[Dict[str
     C.log(f"{title}: copy {gb:.0f} GB/s; {len(rows)} rows in {payload.get('run_seconds')} s"
           if gb else f"{title}: no copy measurement; {len(rows)} rows")
     for line in C.format_table(all_rows):
+        C.log(line)
+    for line in (peer_markdown(peer) if peer else []):
         C.log(line)
     for n in notes:
         C.log(f"NOTE {n}")
@@ -239,6 +384,11 @@ def main(argv=None) -> int:
                     help="one process per family (default on CUDA)")
     ap.add_argument("--no-isolate", dest="isolate", action="store_false")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    peer = ap.add_mutually_exclusive_group()
+    peer.add_argument("--peer-dir", default=None,
+                      help="the peer kit: also run the side-by-side scripts (peer.png)")
+    peer.add_argument("--peer-selftest", action="store_true",
+                      help="the side-by-side scripts with their CPU stand-ins")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     fams = [f.strip() for f in args.families.split(",") if f.strip()]

@@ -42,6 +42,27 @@ def test_benchmark_runner_smoke(tmp_path):
     assert "compress_prefill" in table and "store_decode" in table
 
 
+def test_benchmark_runner_beside_the_reference(tmp_path):
+    """run.py --peer-selftest: the side-by-side scripts of the low_ratio, fused and spec
+    families (their CPU stand-ins for the reference engine) end up in results.json ("peer")
+    and results.md, every case timed on both sides and conforming."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--smoke",
+                          "--device", "cpu", "--families", "low_ratio,fused,spec",
+                          "--peer-selftest", "--out", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    peer = json.loads((tmp_path / "results.json").read_text())["peer"]
+    assert {r["family"] for r in peer} == {"low_ratio", "fused", "spec"}
+    bad = [r for r in peer if not (r["ours_us"] and r["ref_us"] and r["ratio"] and
+                                   r["conform"] == "ok")]
+    assert not bad, bad
+    table = (tmp_path / "results.md").read_text()
+    assert "## beside the reference engine" in table
+    assert all(f"| {r['family']} | {r['case']} |" in table for r in peer)
+
+
 def _low_ratio_case(op, layout, **kw):
     from benchmarks import peer_low_ratio as P
 
