@@ -12,8 +12,10 @@
 #   bench      benchmarks/run.py (results.json / results.md / bandwidth.png), then the read
 #              floors of the large cases (benchmarks/read_floor.cu, built with nvcc when present;
 #              read_floor.md in results.tar.gz and the bench log)
-#   peer       benchmarks/peer_compare.py against the reference engine's kernels; needs
-#              PEER_DIR (benchmarks/README.md says how to make it), skipped without it
+#   peer       benchmarks/peer_compare.py (V4.0 ops), peer_low_ratio.py (V4.1), peer_spec.py
+#              (speculative decoding) and peer_fused.py (compress_and_store) against the
+#              reference engine's kernels; needs PEER_DIR (benchmarks/README.md says how to
+#              make it), skipped without it
 #   sanitizer  scripts/sanitize.sh: compute-sanitizer memcheck + racecheck over small CUDA tests
 #
 # The time budget: BUDGET_S (first argument or environment; default 0: none) is the wall-clock
@@ -43,6 +45,8 @@
 #   PEER_SITE             where the peer wheels are installed (default /tmp/dsv4_peer_site)
 #   PEER_ARGS             extra benchmarks/peer_compare.py arguments (e.g. "--quick")
 #   PEER_LR_ARGS          extra benchmarks/peer_low_ratio.py arguments (e.g. "--quick")
+#   PEER_SPEC_ARGS        extra benchmarks/peer_spec.py arguments (e.g. "--quick")
+#   PEER_FUSED_ARGS       extra benchmarks/peer_fused.py arguments (e.g. "--quick")
 #   SAN_*                 see scripts/sanitize.sh
 # Exit status: the number of failed stages (0 = all requested stages passed).
 set -u -o pipefail
@@ -74,6 +78,8 @@ export PEER_ARGS=${PEER_ARGS:-}
 export PEER_DIR=${PEER_DIR:-}
 export PEER_SITE=${PEER_SITE:-/tmp/dsv4_peer_site}
 export PEER_LR_ARGS=${PEER_LR_ARGS:-}
+export PEER_SPEC_ARGS=${PEER_SPEC_ARGS:-}
+export PEER_FUSED_ARGS=${PEER_FUSED_ARGS:-}
 export PYTHONUNBUFFERED=1
 RESERVE_S=${RESERVE_S:-20}
 
@@ -165,15 +171,22 @@ stage_peer() {
   else
     echo "warning: no $peer/wheels/*.whl; relying on what $PEER_SITE holds"
   fi
-  # Half of the stage for the V4.0 ops (peer_compare), half for the V4.1 ones (peer_low_ratio).
-  local budget=$(( (STAGE_TIMEOUT - 60) / 2 )) rc=0
+  # A quarter of the stage for each script (a budget stops new cases, not the running one).
+  local budget=$(( (STAGE_TIMEOUT - 120) / 4 )) rc=0
   [ "$budget" -lt 30 ] && budget=30
+  local pp="$peer/stubs:$PEER_SITE${PYTHONPATH:+:$PYTHONPATH}"
   # shellcheck disable=SC2086
-  PYTHONPATH="$peer/stubs:$PEER_SITE${PYTHONPATH:+:$PYTHONPATH}" \
-    "$PY" benchmarks/peer_compare.py --peer-dir "$peer" --out "$WORK/peer" --budget-s "$budget" $PEER_ARGS || rc=$?
+  PYTHONPATH="$pp" "$PY" benchmarks/peer_compare.py --peer-dir "$peer" --out "$WORK/peer" \
+    --budget-s "$budget" $PEER_ARGS || rc=$?
   # shellcheck disable=SC2086
-  PYTHONPATH="$peer/stubs:$PEER_SITE${PYTHONPATH:+:$PYTHONPATH}" \
-    "$PY" -m benchmarks.peer_low_ratio --peer-dir "$peer" --out "$WORK/peer" --budget-s "$budget" $PEER_LR_ARGS || rc=$?
+  PYTHONPATH="$pp" "$PY" -m benchmarks.peer_low_ratio --peer-dir "$peer" --out "$WORK/peer" \
+    --budget-s "$budget" $PEER_LR_ARGS || rc=$?
+  # shellcheck disable=SC2086
+  PYTHONPATH="$pp" "$PY" -m benchmarks.peer_spec --peer-dir "$peer" --out "$WORK/peer" \
+    --budget-s "$budget" ${PEER_SPEC_ARGS:-} || rc=$?
+  # shellcheck disable=SC2086
+  PYTHONPATH="$pp" "$PY" -m benchmarks.peer_fused --peer-dir "$peer" --out "$WORK/peer" \
+    --budget-s "$budget" ${PEER_FUSED_ARGS:-} || rc=$?
   return $rc
 }
 
