@@ -138,19 +138,11 @@ def peer_markdown(rows: List[Dict[str, Any]]) -> List[str]:
 def plot_peer(path: str, rows: List[Dict[str, Any]], title: str) -> Optional[str]:
     """One panel per family: bars = reference / dsv4_ops cold, dots = under graph replay,
     dashed line at 1. Returns an error string instead of raising."""
-    try:
-        import matplotlib
+    fams: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        fams.setdefault(r["family"], []).append(r)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # noqa: BLE001
-        return f"matplotlib unavailable: {e}"
-    fams = list(dict.fromkeys(r["family"] for r in rows))
-    widest = max(sum(r["family"] == fam for r in rows) for fam in fams)
-    fig, axes = plt.subplots(len(fams), 1, figsize=(min(max(8.0, 0.22 * widest + 2.0), 120.0),
-                                                     4.2 * len(fams)), squeeze=False)
-    for ax, fam in zip(axes[:, 0], fams):
-        rs = [r for r in rows if r["family"] == fam]
+    def draw(ax, rs):
         x = list(range(len(rs)))
         ax.bar(x, [r["ratio"] or 0.0 for r in rs], color="tab:blue", label="cold L2")
         gx = [i for i, r in zip(x, rs) if r["ratio_graph"]]
@@ -161,17 +153,10 @@ def plot_peer(path: str, rows: List[Dict[str, Any]], title: str) -> Optional[str
         vals = [v for r in rs for v in (r["ratio"], r["ratio_graph"]) if v]
         if vals and max(vals) / min(vals) > 50:
             ax.set_yscale("log")  # the CPU stand-ins are float64 models, far slower
-        ax.set_xticks(x)
-        ax.set_xticklabels([r["case"] for r in rs], rotation=90, fontsize=6)
-        ax.set_xlim(-1, max(len(rs), 8))
-        ax.set_ylabel("reference / dsv4_ops")
-        ax.set_title(f"{title}: {fam} beside the reference engine", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
-        ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return None
+        return [r["case"] for r in rs]
+
+    return _plot_panels(path, fams, draw, "reference / dsv4_ops",
+                        lambda fam: f"{title}: {fam} beside the reference engine")
 
 
 def _clean(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -207,9 +192,10 @@ def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any],
         f.write("\n".join(lines) + "\n")
 
 
-def plot_bandwidth(path: str, rows, copy_gbps: Optional[float], title: str) -> Optional[str]:
-    """One panel per family: bars = GB/s of the cold time, dots = GB/s of the graph time,
-    dashed horizontal line = copy bandwidth. Returns an error string instead of raising."""
+def _plot_panels(path: str, groups: Dict[str, List[Dict[str, Any]]], draw, ylabel: str,
+                 title_of) -> Optional[str]:
+    """One panel per group, `draw(ax, rows)` drawing it and returning its x labels; saved to
+    path. Returns an error string instead of raising."""
     try:
         import matplotlib
 
@@ -217,16 +203,35 @@ def plot_bandwidth(path: str, rows, copy_gbps: Optional[float], title: str) -> O
         import matplotlib.pyplot as plt
     except Exception as e:  # noqa: BLE001
         return f"matplotlib unavailable: {e}"
+    widest = max(len(v) for v in groups.values())
+    fig_w = min(max(8.0, 0.22 * widest + 2.0), 120.0)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(fig_w, 4.2 * len(groups)), squeeze=False)
+    for ax, (name, rs) in zip(axes[:, 0], groups.items()):
+        labels = draw(ax, rs)
+        ax.set_xticks(list(range(len(rs))))
+        ax.set_xticklabels(labels, rotation=90, fontsize=6)
+        ax.set_xlim(-1, max(len(rs), 8))
+        ax.set_ylabel(ylabel)
+        ax.set_title(title_of(name), fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return None
+
+
+def plot_bandwidth(path: str, rows, copy_gbps: Optional[float], title: str) -> Optional[str]:
+    """One panel per family: bars = GB/s of the cold time, dots = GB/s of the graph time,
+    dashed horizontal line = copy bandwidth. Returns an error string instead of raising."""
     fams: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
         if r.get("gbps") or (r.get("bytes") and r.get("graph_us")):
             fams.setdefault(r.get("family", "?"), []).append(r)
     if not fams:
         return "no rows with a bandwidth to plot"
-    widest = max(len(v) for v in fams.values())
-    fig_w = min(max(8.0, 0.22 * widest + 2.0), 120.0)
-    fig, axes = plt.subplots(len(fams), 1, figsize=(fig_w, 4.2 * len(fams)), squeeze=False)
-    for ax, (fam, rs) in zip(axes[:, 0], fams.items()):
+
+    def draw(ax, rs):
         x = list(range(len(rs)))
         cold = [r.get("gbps") or 0.0 for r in rs]
         graph = [(r["bytes"] / (r["graph_us"] * 1e3)) if (r.get("bytes") and r.get("graph_us"))
@@ -243,17 +248,9 @@ def plot_bandwidth(path: str, rows, copy_gbps: Optional[float], title: str) -> O
         vals = [v for v in cold + [g for g in graph if g] if v and v > 0]
         if vals and (copy_gbps or max(vals)) / min(vals) > 50:
             ax.set_yscale("log")  # planners move kilobytes, prefill ops gigabytes
-        ax.set_xticks(x)
-        ax.set_xticklabels([f"{r['case']} {r['op']}" for r in rs], rotation=90, fontsize=6)
-        ax.set_xlim(-1, max(len(rs), 8))
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"{title}: {fam}", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
-        ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return None
+        return [f"{r['case']} {r['op']}" for r in rs]
+
+    return _plot_panels(path, fams, draw, "GB/s", lambda fam: f"{title}: {fam}")
 
 
 def report(args, info: Dict[str, Any], copy: Dict[str, Any], rows: List[Dict[str, Any]],
