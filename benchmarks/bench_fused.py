@@ -8,8 +8,9 @@ decode: B requests (1, 8, 64, 256, 1024; --quick 8 and 1024) of each decode kern
   preallocated `out`, then compress_norm_rope_store), cold and under CUDA-graph replay; the
   fused row's `vs_pair` / `vs_pair_graph` are its time over the pair's.
 prefill: the first prefill case (8x4096) of c4 main and c128 main, padded plan:
-  `fused_prefill` (compress_and_store with `out`), `pair_prefill` and `compress_prefill`
-  (compress_forward alone); `vs_compress` is fused over compress_forward alone.
+  `fused_prefill` (compress_and_store with `out`), `fused_prefill_no_out` (without it),
+  `pair_prefill` and `compress_prefill` (compress_forward alone); `vs_compress` is a fused
+  row's time over compress_forward alone.
 check: the fused call leaves the pair's state rows and cache bytes (and `out`).
 
     python benchmarks/bench_fused.py [--quick] [--device cuda|cpu] [--only REGEX]
@@ -117,6 +118,7 @@ def _prefill_case(ctx: C.Context, name: str, hd: int, cr: int, fmt: str,
     out = torch.empty(rows, hd, dtype=w.input_dtype, device=w.device)
     pair_out = torch.empty_like(out)
     fused, pair = _fns(w, plan, fmt, out, pair_out, w.state, cache)
+    fused_no_out, _ = _fns(w, plan, fmt, None, pair_out, w.state, cache)
 
     def compress():
         dsv4_ops.compress_forward(w.state, w.kv_in, w.ape, plan, head_dim=hd, compress_ratio=cr,
@@ -126,11 +128,14 @@ def _prefill_case(ctx: C.Context, name: str, hd: int, cr: int, fmt: str,
     nbytes = nb_c + C.bytes_store(w, extra["n_compressed"], rows, fmt)
     common = dict(big=True, store_format=fmt, **extra)
     f = C.measure(ctx, name, "fused_prefill", fused, nbytes, check=check, **common)
+    f0 = C.measure(ctx, name, "fused_prefill_no_out", fused_no_out, nbytes, **common)
     p = C.measure(ctx, name, "pair_prefill", pair, nbytes, **common)
     c = C.measure(ctx, name, "compress_prefill", compress, nb_c, **common)
-    f["vs_pair"], f["vs_pair_graph"] = _ratio(f, p, "time_us"), _ratio(f, p, "graph_us")
-    f["vs_compress"], f["vs_compress_graph"] = _ratio(f, c, "time_us"), _ratio(f, c, "graph_us")
-    return [f, p, c]
+    for r in (f, f0):
+        r["vs_pair"], r["vs_pair_graph"] = _ratio(r, p, "time_us"), _ratio(r, p, "graph_us")
+        r["vs_compress"], r["vs_compress_graph"] = (_ratio(r, c, "time_us"),
+                                                    _ratio(r, c, "graph_us"))
+    return [f, f0, p, c]
 
 
 def cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]]:

@@ -4,7 +4,7 @@ before it consumes any (see the header of csrc/include/dsv4/compress/window_rows
   python scripts/check_load_batching.py CUOBJDUMP LIBRARY_OR_CUBIN
 
 Disassembles the sm_90 code of the c4 / c128 pooling kernels (and compress_and_store's c4
-decode kernels, fused/c4_decode_store.cuh) whose state and input share a dtype, and of the
+kernels, fused/c4_decode_store.cuh and c4_prefill_store.cuh) whose state and input share a dtype, and of the
 cr 128 decode kernels of any dtype pair, and checks their streaming loads
 (LDG.E.EF: window rows and the cr 128 decode copy row, the only loads issued with the
 evict-first hint; the cr 4 decode copy row is stored before the window is read and uses plain
@@ -143,9 +143,10 @@ def main() -> int:
                            " issued after the wait before the first use of one")
             continue
         # The pooling kernels (include/dsv4/compress/c4.cuh, c128_prefill.cuh, c128_decode.cuh;
-        # fused/c4_decode_store.cuh pools with c4.cuh's code).
+        # fused/c4_decode_store.cuh and c4_prefill_store.cuh pool with c4.cuh's code).
         # Mangled template arguments: I <state> <input> ..., f = float, t = unsigned short.
-        m = re.search(r"(c4|c128_prefill|c128_decode|c4_decode_store)_kernelI([ft])([ft])", name)
+        m = re.search(r"(c4|c128_prefill|c128_decode|c4_decode_store|c4_prefill_store)"
+                      r"_kernelI([ft])([ft])", name)
         if not m or (m.group(2) != m.group(3) and m.group(1) != "c128_decode"):
             continue  # mixed dtypes outside the cr 128 decode: two passes by design
         pretty = demangle(name)

@@ -29,7 +29,8 @@ def test_benchmark_runner_smoke(tmp_path):
         "c2", "c2_verify", "c2_prefill", "index_k", "index_k_prefill", "kv_store", "cnrs",
         "cp_partials", "cp_merge_rebase", "cp_merge_rows", "cp_merge_stack", "dcp_store_w1",
         "dcp_store_w4", "dcp_c1_w1", "dcp_c1_w4", "spec_step", "spec_stage", "spec_commit",
-        "fused_decode", "pair_decode", "fused_prefill", "pair_prefill", "compress_prefill"}
+        "fused_decode", "pair_decode", "fused_prefill", "fused_prefill_no_out", "pair_prefill",
+        "compress_prefill"}
     bad = [(r["case"], r["op"], r["error"], r.get("check")) for r in rows
            if r["error"] or r.get("check") not in (None, "ok")]
     assert not bad, bad

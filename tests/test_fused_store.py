@@ -50,7 +50,7 @@ def world_for(device, cr, hd, addressing, sdt, idt, decode, seed=0):
                              input_dtype=idt, seed=seed)
 
 
-def plan_for(w, decode, padded=False):
+def plan_for(w, decode, padded=False, pad=7):
     cr, a = w.compress_ratio, w.compressor.addressing
     if decode:
         if a == "online":
@@ -59,7 +59,7 @@ def plan_for(w, decode, padded=False):
             return CompressorDecodePlan.generate_legacy(cr, w.rid, w.seq_lens)
         return CompressorDecodePlan.generate(cr, w.rid, w.req_to_token, w.full_to_state,
                                              w.seq_lens, SPS, w.ring, use_req_ring=a == "req_ring")
-    num_q = w.num_q + (7 if padded else 0)
+    num_q = w.num_q + (pad if padded else 0)
     if a == "online":
         return CompressorPrefillPlan.generate_online(w.seq_lens_cpu, w.extend_lens_cpu, w.rid,
                                                      w.req_to_token, num_q, use_cuda_graph=padded)
@@ -81,12 +81,12 @@ def random_cache(w, fmt, layout, pages=None, seed=5):
     return torch.randint(0, 256, (pages, nbytes), dtype=torch.uint8, generator=g).to(w.device)
 
 
-def inputs_for(w, decode, padded, strided, gen):
+def inputs_for(w, decode, padded, strided, gen, pad=7):
     """kv_score_input (the world's rows, padded with zero rows for a padded prefill plan),
     optionally as a column slice of a wider projection output, and out_loc per plan row kind."""
     kv_in = w.kv_in
     if not decode and padded:
-        kv_in = torch.cat([kv_in, torch.zeros_like(kv_in[:7])])
+        kv_in = torch.cat([kv_in, kv_in.new_zeros(pad, kv_in.shape[1])])
     if strided:
         wide = torch.randn(kv_in.shape[0], kv_in.shape[1] + 64, generator=gen)
         wide = wide.to(kv_in.dtype).to(kv_in.device)
@@ -95,7 +95,7 @@ def inputs_for(w, decode, padded, strided, gen):
         kv_in = view
     out_loc = w.out_loc  # per query token: its window's slot where it closes one, else -1
     if not decode and padded:
-        out_loc = torch.cat([out_loc, torch.full((7,), -1, dtype=out_loc.dtype,
+        out_loc = torch.cat([out_loc, torch.full((pad,), -1, dtype=out_loc.dtype,
                                                  device=out_loc.device)])
     return kv_in, out_loc
 
@@ -169,6 +169,25 @@ def test_prefill_equals_pair(device, cr, hd, addressing, fmt, layout, padded):
     kv_in, out_loc = inputs_for(w, False, padded, False, None)
     cache, pair, fused = run_both(w, plan, kv_in, out_loc, fmt, layout, F32 if padded else None)
     assert_same(w, cache, pair, fused, padded)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("hd,addressing,fmt,layout", [
+    (512, "swa_paged", "fp8_ds_mla", "v4"), (512, "req_ring", "fp8_ds_mla", "v41_fp4_new"),
+    (128, "legacy", "fp4_indexer", "v4")], ids=["hd512-fp8_ds_mla", "hd512-v41_fp4_new",
+                                               "hd128-fp4_indexer"])
+def test_long_padded_prefill_equals_pair(hd, addressing, fmt, layout):
+    """A padded cr 4 plan past 16 waves of resident blocks: the fused prefill kernel's blocks
+    take their record groups in turn (c4_prefill_turns), storing each."""
+    dev = torch.device("cuda", 0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    groups = 16 * 4 * sms + 3 * sms + 5  # DSV4_C4_MIN_BLOCKS = 4 blocks an SM
+    w = world_for(dev, 4, hd, addressing, F32, F32, decode=False)
+    pad = groups * (128 // (hd // 4)) - w.num_q
+    plan = plan_for(w, False, True, pad)
+    kv_in, out_loc = inputs_for(w, False, True, False, None, pad)
+    cache, pair, fused = run_both(w, plan, kv_in, out_loc, fmt, layout, F32)
+    assert_same(w, cache, pair, fused, True)
 
 
 DTYPES = [(F32, BF16), (BF16, F32), (BF16, BF16)]
@@ -302,6 +321,40 @@ def test_decode_launches(cr, hd, addressing, fmt, layout, kernels):
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         compress_and_store(w.state, w.kv_in, w.ape, plan, **kw)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(names) == len(kernels), names
+    for want, got in zip(kernels, names):
+        assert want in got, names
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cr,hd,addressing,fmt,layout,kernels", [
+    (4, 512, "swa_paged", "fp8_ds_mla", "v4", ["c4_prefill_store_kernel", "write_rows_kernel"]),
+    (4, 128, "legacy", "fp8_indexer", "v4", ["c4_prefill_store_kernel", "write_rows_kernel"]),
+    (128, 512, "req_ring", "fp8_ds_mla", "v41", ["c128_prefill_kernel", "write_rows_store_kernel"]),
+    (128, 512, "online", "fp8_ds_mla", "v4",
+     ["c128_prefill_kernel", "c128_prefill_kernel", "compress_norm_rope_store_kernel"]),
+], ids=["c4-hd512", "c4-hd128", "c128-offline", "c128-online"])
+def test_prefill_launches(cr, hd, addressing, fmt, layout, kernels):
+    """The kernels one prefill call launches (docs/design/fused.md): two for an offline plan
+    (cr 4: pooling and store, then the row writes; cr 128: the pooling, then the row writes and
+    the store), the pair's three for an online one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device("cuda", 0)
+    w = world_for(dev, cr, hd, addressing, F32, F32, decode=False)
+    plan = plan_for(w, False, True)
+    kv_in, out_loc = inputs_for(w, False, True, False, None)
+    cache = random_cache(w, fmt, layout)
+    kw = dict(head_dim=hd, compress_ratio=cr, is_online=w.is_online, norm_weight=w.norm_weight,
+              norm_eps=1e-6, freq_cis=w.freqs, out_loc=out_loc, kvcache=cache,
+              page_size=w.cache_page_size, layout=layout, **FLAGS[fmt])
+    compress_and_store(w.state.clone(), kv_in, w.ape, plan, **kw)  # warm-up
+    torch.cuda.synchronize()
+    state = w.state.clone()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        compress_and_store(state, kv_in, w.ape, plan, **kw)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(names) == len(kernels), names

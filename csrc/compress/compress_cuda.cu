@@ -17,10 +17,16 @@ namespace {
 inline dim3 grid_1d(int64_t blocks) { return dim3(static_cast<unsigned>(blocks)); }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Every pass of one call (kHd: the pooling kernels' compile-time head_dim).
+// The instance of a call: state type, input type, head_dim (the pooling kernels' compile-time
+// head_dim).
 template <typename TS, typename TI, int kHd>
-void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
-                const std::optional<at::Tensor>& plan_w, const LaunchEnv& env) {
+struct Instance {};
+
+// Every launch of one call but the offline prefill's plan_w row writes.
+template <typename TS, typename TI, int kHd>
+void launch_pooling(Instance<TS, TI, kHd>, const CallShape& cs, const Params& base,
+                    const at::Tensor& plan, const std::optional<at::Tensor>& plan_w,
+                    const LaunchEnv& env) {
   const Params p = pass_params(base, plan, true);
   const KernelSet k = kernel_set<TS, TI, kHd>();
   const auto launch = [&](Kernel kernel, int64_t blocks, int threads, const Params& args) {
@@ -47,18 +53,16 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
     return;
   }
   if (cs.cr == 4) {
-    const int64_t groups = ceil_div(p.num_records, kC4Block / (kHd / kVec));
     if (cs.decode) {
       // One wave of resident blocks: the next kernel may launch as soon as the row copies are
       // out, its blocks take slots this grid leaves free. With more blocks they would take
       // slots of this grid's later blocks, which measured slower (docs/design/c4_pooling.md).
+      const int64_t groups = ceil_div(p.num_records, kC4Block / (kHd / kVec));
       Params pd = p;
       pd.early_trigger = groups <= int64_t(DSV4_C4_MIN_BLOCKS) * env.sms ? 1 : 0;
       launch(k.c4_decode, groups, kC4Block, pd);
-    } else {  // resident blocks: DSV4_C4_MIN_BLOCKS per SM
-      launch(k.c4_prefill,
-             strided_unit_groups(groups, 1, DSV4_C4_MIN_BLOCKS * env.sms, kC4MaxTurns), kC4Block,
-             p);
+    } else {
+      launch(k.c4_prefill, c4_prefill_blocks(p.num_records, kHd, env.sms), kC4Block, p);
     }
   } else if (cs.decode) {
     Params pd = p;
@@ -68,41 +72,73 @@ void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
   } else {
     launch_c128_records(k.c128_prefill, p);
   }
-  if (!cs.decode) {
-    // Writes strictly after every compress read of this call (stream order / PDL wait).
-    Params pw = pass_params(base, *plan_w, false);
-    pw.after_pool = p.num_records > 0 ? 1 : 0;  // the pooling kernel was launched just before
-    const int64_t blocks = std::min<int64_t>(ceil_div(pw.num_records, kWriteGroups), 2048);
-    launch(cs.cr == 4 ? k.write_c4_rows : k.write_c128_rows, blocks, kBlock, pw);
-  }
 }
 
-template <typename TS, typename TI>
-void launch_all(const CallShape& cs, const Params& base, const at::Tensor& plan,
-                const std::optional<at::Tensor>& plan_w, const LaunchEnv& env) {
-  if (cs.hd == 512)
-    launch_all<TS, TI, 512>(cs, base, plan, plan_w, env);
+// The offline prefill's plan_w row writes, strictly after every compress read of this call
+// (stream order / PDL wait).
+template <typename TS, typename TI, int kHd>
+void launch_row_writes(Instance<TS, TI, kHd>, const CallShape& cs, const Params& base,
+                       const at::Tensor& plan, const at::Tensor& plan_w, const LaunchEnv& env) {
+  const KernelSet k = kernel_set<TS, TI, kHd>();
+  Params pw = pass_params(base, plan_w, false);
+  pw.after_pool = plan.size(0) > 0 ? 1 : 0;  // the pooling kernel was launched just before
+  launch_kernel(cs.cr == 4 ? k.write_c4_rows : k.write_c128_rows,
+                grid_1d(lane_group_blocks(pw.num_records)), dim3(kBlock), 0, env.stream, env.pdl,
+                pw);
+  DSV4_CHECK_LAUNCH();
+}
+
+// f(Instance<TS, TI, kHd>{}) for the call's dtypes and head_dim.
+template <typename F>
+void dispatch(const CallShape& cs, const at::Tensor& kv_score_buffer,
+              const at::Tensor& kv_score_input, const F& f) {
+  const bool st_bf16 = kv_score_buffer.scalar_type() == at::kBFloat16;
+  const bool in_bf16 = kv_score_input.scalar_type() == at::kBFloat16;
+  const auto by_hd = [&](auto ts, auto ti) {
+    using TS = decltype(ts);
+    using TI = decltype(ti);
+    if (cs.hd == 512)
+      f(Instance<TS, TI, 512>{});
+    else
+      f(Instance<TS, TI, 128>{});
+  };
+  if (!st_bf16 && !in_bf16)
+    by_hd(float{}, float{});
+  else if (!st_bf16 && in_bf16)
+    by_hd(float{}, uint16_t{});
+  else if (st_bf16 && !in_bf16)
+    by_hd(uint16_t{}, float{});
   else
-    launch_all<TS, TI, 128>(cs, base, plan, plan_w, env);
+    by_hd(uint16_t{}, uint16_t{});
 }
 
 }  // namespace
+
+void launch_compress_pooling(const CallShape& cs, const at::Tensor& kv_score_buffer,
+                             const at::Tensor& kv_score_input, const at::Tensor& ape,
+                             const at::Tensor& plan, const std::optional<at::Tensor>& plan_w,
+                             const at::Tensor& out, const LaunchEnv& env) {
+  const Params base = make_params(cs, kv_score_buffer, kv_score_input, ape, out);
+  dispatch(cs, kv_score_buffer, kv_score_input,
+           [&](auto instance) { launch_pooling(instance, cs, base, plan, plan_w, env); });
+}
+
+void launch_compress_row_writes(const CallShape& cs, const at::Tensor& kv_score_buffer,
+                                const at::Tensor& kv_score_input, const at::Tensor& ape,
+                                const at::Tensor& plan, const at::Tensor& plan_w,
+                                const at::Tensor& out, const LaunchEnv& env) {
+  const Params base = make_params(cs, kv_score_buffer, kv_score_input, ape, out);
+  dispatch(cs, kv_score_buffer, kv_score_input,
+           [&](auto instance) { launch_row_writes(instance, cs, base, plan, plan_w, env); });
+}
 
 void launch_compress_forward(const CallShape& cs, const at::Tensor& kv_score_buffer,
                              const at::Tensor& kv_score_input, const at::Tensor& ape,
                              const at::Tensor& plan, const std::optional<at::Tensor>& plan_w,
                              const at::Tensor& out, const LaunchEnv& env) {
-  const Params base = make_params(cs, kv_score_buffer, kv_score_input, ape, out);
-  const bool st_bf16 = kv_score_buffer.scalar_type() == at::kBFloat16;
-  const bool in_bf16 = kv_score_input.scalar_type() == at::kBFloat16;
-  if (!st_bf16 && !in_bf16)
-    launch_all<float, float>(cs, base, plan, plan_w, env);
-  else if (!st_bf16 && in_bf16)
-    launch_all<float, uint16_t>(cs, base, plan, plan_w, env);
-  else if (st_bf16 && !in_bf16)
-    launch_all<uint16_t, float>(cs, base, plan, plan_w, env);
-  else
-    launch_all<uint16_t, uint16_t>(cs, base, plan, plan_w, env);
+  launch_compress_pooling(cs, kv_score_buffer, kv_score_input, ape, plan, plan_w, out, env);
+  if (!cs.decode && !cs.online)
+    launch_compress_row_writes(cs, kv_score_buffer, kv_score_input, ape, plan, *plan_w, out, env);
 }
 
 namespace {

@@ -3,7 +3,8 @@
 //  * c4 and online cr 128 decode (every store format and V4.1 layout): one launch of a fused
 //    kernel (include/dsv4/fused/), compress_forward's pooling of a block's records followed
 //    by compress_norm_rope_store's store of them;
-//  * otherwise (c128 offline decode, prefill):
+//  * offline prefill: two launches (launch_fused_prefill);
+//  * otherwise (c128 offline decode, online prefill):
 //    compress_forward's launches and then compress_norm_rope_store's, the store a programmatic
 //    dependent launch (docs/design/fused.md).
 // Both run the pair's device code on the pair's arguments: the pair's bytes. The pooled rows
@@ -15,6 +16,7 @@
 #include "cuda_glue.h"
 #include "fused/fused_checks.h"
 #include "include/dsv4/fused/kernel_set.cuh"
+#include "include/dsv4/fused/spread_store.cuh"
 #include "store/store_launch.h"
 
 namespace dsv4 {
@@ -29,9 +31,9 @@ fused::KernelSet fused_kernels(bool st_bf16, bool in_bf16) {
 
 // The one-launch decode (c4, online cr 128) when it applies; false: the caller launches the
 // pair's kernels.
-bool launch_fused_decode(const FusedShape& f, const at::Tensor& kv_score_buffer,
-                         const at::Tensor& kv_score_input, const at::Tensor& ape,
-                         const at::Tensor& plan, const at::Tensor& rows,
+bool launch_fused_decode(const FusedShape& f, bool out_given,
+                         const at::Tensor& kv_score_buffer, const at::Tensor& kv_score_input,
+                         const at::Tensor& ape, const at::Tensor& plan, const at::Tensor& rows,
                          const at::Tensor& norm_weight, const at::Tensor& freqs,
                          const at::Tensor& out_loc, const at::Tensor& kvcache,
                          int64_t compress_ratio, double eps, const LaunchEnv& env) {
@@ -39,8 +41,9 @@ bool launch_fused_decode(const FusedShape& f, const at::Tensor& kv_score_buffer,
   if (!cs.decode || !(cs.cr == 4 || cs.online)) return false;
   // A non-v4 layout is fp8_ds_mla's (checked): its rows in the layout's encoding.
   const int format = f.g.layout == kLayoutV4 ? f.g.format : store_layout_format(f.g.layout);
-  const compress::Params p = compress::pass_params(
+  compress::Params p = compress::pass_params(
       compress::make_params(cs, kv_score_buffer, kv_score_input, ape, rows), plan, true);
+  if (!out_given && fused::stores_from_registers(format)) p.out = nullptr;  // rows not kept
   const StoreKernelArgs a = store_kernel_args(f.g, rows, plan, norm_weight, freqs, out_loc,
                                               kvcache, true, compress_ratio, eps);
   const fused::KernelSet k = fused_kernels(kv_score_buffer.scalar_type() == at::kBFloat16,
@@ -56,6 +59,50 @@ bool launch_fused_decode(const FusedShape& f, const at::Tensor& kv_score_buffer,
     launch_kernel(k.c4_decode[to][format], dim3(unsigned((n + per_block - 1) / per_block)),
                   dim3(compress::kC4Block), 0, env.stream, env.pdl, p, a);
   }
+  DSV4_CHECK_LAUNCH();
+  return true;
+}
+
+// The offline prefill in two launches when it applies; false: the caller launches the pair's
+// kernels (online prefill). cr 4: the pooling-and-store kernel, then compress_forward's row
+// writes; cr 128: compress_forward's pooling, then the row writes and the store in one grid.
+bool launch_fused_prefill(const FusedShape& f, bool out_given,
+                          const at::Tensor& kv_score_buffer, const at::Tensor& kv_score_input,
+                          const at::Tensor& ape, const at::Tensor& plan,
+                          const std::optional<at::Tensor>& plan_w,
+                          const at::Tensor& rows, const at::Tensor& norm_weight,
+                          const at::Tensor& freqs, const at::Tensor& out_loc,
+                          const at::Tensor& kvcache, int64_t compress_ratio, double eps,
+                          const LaunchEnv& env) {
+  const compress::CallShape& cs = f.cs;
+  if (cs.decode || cs.online) return false;  // plan_w is there (check_compress_forward)
+  const int format = f.g.layout == kLayoutV4 ? f.g.format : store_layout_format(f.g.layout);
+  const compress::Params base =
+      compress::make_params(cs, kv_score_buffer, kv_score_input, ape, rows);
+  const StoreKernelArgs a = store_kernel_args(f.g, rows, plan, norm_weight, freqs, out_loc,
+                                              kvcache, false, compress_ratio, eps);
+  const fused::KernelSet k = fused_kernels(kv_score_buffer.scalar_type() == at::kBFloat16,
+                                           kv_score_input.scalar_type() == at::kBFloat16);
+  const int to = rows.scalar_type() == at::kBFloat16 ? 1 : 0;
+  if (cs.cr == 4) {
+    compress::Params p = compress::pass_params(base, plan, true);
+    if (!out_given && fused::stores_from_registers(format)) p.out = nullptr;
+    launch_kernel(k.c4_prefill[to][format],
+                  dim3(unsigned(compress::c4_prefill_blocks(p.num_records, cs.hd, env.sms))),
+                  dim3(compress::kC4Block), 0, env.stream, env.pdl, p, a);
+    DSV4_CHECK_LAUNCH();
+    compress::launch_compress_row_writes(cs, kv_score_buffer, kv_score_input, ape, plan, *plan_w,
+                                         rows, env);
+    return true;
+  }
+  compress::launch_compress_pooling(cs, kv_score_buffer, kv_score_input, ape, plan, plan_w, rows,
+                                    env);
+  compress::Params pw = compress::pass_params(base, *plan_w, false);
+  pw.after_pool = plan.size(0) > 0 ? 1 : 0;
+  const int64_t store_blocks = fused::write_store_blocks(a.n_rows, env.sms);
+  const int64_t blocks = store_blocks + compress::lane_group_blocks(pw.num_records);
+  launch_kernel(k.write_rows_store[to][format], dim3(unsigned(blocks)), dim3(compress::kBlock), 0,
+                env.stream, env.pdl, pw, a, int(store_blocks));
   DSV4_CHECK_LAUNCH();
   return true;
 }
@@ -81,8 +128,11 @@ void compress_and_store_cuda(at::Tensor kv_score_buffer, const at::Tensor& kv_sc
   compress::check_gpu_alignment(kv_score_buffer, kv_score_input, ape, plan, plan_w, rows,
                                 kFusedOp);
   const LaunchEnv env = launch_env(kv_score_buffer);
-  if (launch_fused_decode(f, kv_score_buffer, kv_score_input, ape, plan, rows, norm_weight, freqs,
-                          out_loc, kvcache, compress_ratio, eps, env))
+  if (launch_fused_decode(f, out.has_value(), kv_score_buffer, kv_score_input, ape, plan, rows,
+                          norm_weight, freqs, out_loc, kvcache, compress_ratio, eps, env))
+    return;
+  if (launch_fused_prefill(f, out.has_value(), kv_score_buffer, kv_score_input, ape, plan, plan_w,
+                           rows, norm_weight, freqs, out_loc, kvcache, compress_ratio, eps, env))
     return;
   compress::launch_compress_forward(f.cs, kv_score_buffer, kv_score_input, ape, plan, plan_w,
                                     rows, env);

@@ -8,7 +8,11 @@ namespace fused {
   template __global__ void c4_decode_store_kernel<TS, TI, TO, F>(const compress::Params,    \
                                                                  const StoreKernelArgs);    \
   template __global__ void online_decode_store_kernel<TS, TI, TO, F>(                       \
-      const compress::Params, const StoreKernelArgs);
+      const compress::Params, const StoreKernelArgs);                                         \
+  template __global__ void c4_prefill_store_kernel<TS, TI, TO, F>(const compress::Params,   \
+                                                                  const StoreKernelArgs);   \
+  template __global__ void write_rows_store_kernel<TS, TI, TO, F>(                          \
+      const compress::Params, const StoreKernelArgs, int);
 #define DSV4_FUSED_FORMAT_INSTANCES(TS, TI, F)                                              \
   DSV4_FUSED_ROWS_INSTANCES(TS, TI, float, F)                                               \
   DSV4_FUSED_ROWS_INSTANCES(TS, TI, uint16_t, F)

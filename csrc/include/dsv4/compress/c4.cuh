@@ -125,6 +125,28 @@ DSV4_DEVICE void c4_record_group(const Params& p, int64_t group, const CompressP
   sink(e * kHd + c, res);
 }
 
+// Prefill: the block takes record groups blockIdx.x + j * gridDim.x in turn (strided_unit_groups,
+// at most kC4MaxTurns), their plan records read at once into `recs` (shared memory) where there
+// are several, so that a turn of invalid records costs no memory round trip. Returns the number
+// of turns; turn j's records are src + j * kGroup.
+template <int kGroup>
+DSV4_DEVICE int c4_prefill_turns(const Params& p, CompressPlan* recs, const CompressPlan*& src) {
+  const int64_t groups = (p.num_records + kGroup - 1) / kGroup;
+  src = reinterpret_cast<const CompressPlan*>(p.plan);
+  if (int64_t(gridDim.x) >= groups) {
+    src += int64_t(blockIdx.x) * kGroup;
+    return 1;
+  }
+  const int turns = int((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  for (int k = int(threadIdx.x); k < turns * kGroup; k += kC4Block) {
+    const int64_t e = (blockIdx.x + int64_t(k / kGroup) * gridDim.x) * kGroup + k % kGroup;
+    if (e < p.num_records) recs[k] = src[e];
+  }
+  __syncthreads();
+  src = recs;
+  return turns;
+}
+
 template <typename TS, typename TI, bool kDecode, int kHd>
 __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(const Params p) {
   constexpr int kGroup = kC4Block / (kHd / kVec);  // records of one block at a time
@@ -133,24 +155,9 @@ __global__ void DSV4_COMPRESS_BOUNDS(kC4Block, DSV4_C4_MIN_BLOCKS) c4_kernel(con
   if constexpr (kDecode) {
     c4_record_group<TS, TI, true, kHd>(p, blockIdx.x, nullptr, OutStore{p});
   } else {
-    // A long (padded) plan: the block takes groups blockIdx.x + j * gridDim.x in turn
-    // (strided_unit_groups, at most kC4MaxTurns), their plan records read at once, so that a
-    // turn of invalid records costs no memory round trip.
     __shared__ CompressPlan recs[kC4MaxTurns * kGroup];
-    const int64_t groups = (p.num_records + kGroup - 1) / kGroup;
-    const CompressPlan* src = reinterpret_cast<const CompressPlan*>(p.plan);
-    int turns = 1;
-    if (int64_t(gridDim.x) >= groups) {
-      src += int64_t(blockIdx.x) * kGroup;
-    } else {
-      turns = int((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);
-      for (int k = int(threadIdx.x); k < turns * kGroup; k += kC4Block) {
-        const int64_t e = (blockIdx.x + int64_t(k / kGroup) * gridDim.x) * kGroup + k % kGroup;
-        if (e < p.num_records) recs[k] = src[e];
-      }
-      __syncthreads();
-      src = recs;
-    }
+    const CompressPlan* src = nullptr;
+    const int turns = c4_prefill_turns<kGroup>(p, recs, src);
     for (int j = 0; j < turns; ++j)
       c4_record_group<TS, TI, false, kHd>(p, blockIdx.x + int64_t(j) * gridDim.x, src + j * kGroup,
                                         OutStore{p});

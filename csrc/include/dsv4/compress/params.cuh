@@ -62,6 +62,21 @@ inline int64_t strided_unit_groups(int64_t units, int64_t blocks_per_unit, int64
   return groups > floor_groups ? groups : floor_groups;
 }
 
+// c4 prefill: resident blocks (DSV4_C4_MIN_BLOCKS per SM) taking their groups of
+// kC4Block / (hd / kVec) records in turn.
+inline int64_t c4_prefill_blocks(int64_t records, int hd, int64_t sms) {
+  const int64_t per_group = kC4Block / (hd / kVec);
+  return strided_unit_groups((records + per_group - 1) / per_group, 1, DSV4_C4_MIN_BLOCKS * sms,
+                             kC4MaxTurns);
+}
+
+// Blocks of kBlock threads for one 32-lane group per record, grid-stride past 2048 blocks
+// (the offline prefill row writes, the fused cr 128 prefill's store).
+inline int64_t lane_group_blocks(int64_t records) {
+  const int64_t blocks = (records + kWriteGroups - 1) / kWriteGroups;
+  return blocks < 2048 ? blocks : 2048;
+}
+
 // c128 prefill / online (Params::records_per_block): a block of several records reads all
 // their plan records at once into shared memory, writes the zeros of the invalid ones and
 // pools the valid ones. Resident blocks: two 512-thread blocks per SM (DSV4_C128_MIN_BLOCKS).

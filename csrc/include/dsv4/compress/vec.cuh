@@ -76,12 +76,27 @@ DSV4_DEVICE void store_vec(T* p, const float (&v)[V]) {
   *reinterpret_cast<typename RawVec<T, V>::type*>(p) = pack(v, p);
 }
 
-template <int V>
+// A streaming (evict-first) store on CUDA: rows that no kernel of the call reads back.
+template <typename T, int V>
+DSV4_DEVICE void store_vec_streaming(T* p, const float (&v)[V]) {
+  using R = typename RawVec<T, V>::type;
+#if defined(DSV4_HIP)
+  *reinterpret_cast<R*>(p) = pack(v, p);
+#else
+  __stcs(reinterpret_cast<R*>(p), pack(v, p));
+#endif
+}
+
+// kStream: store_vec_streaming.
+template <int V, bool kStream = false>
 DSV4_DEVICE void store_out_vec(void* out, int32_t type, int64_t i, const float (&v)[V]) {
-  if (type == kOutF32)
-    store_vec(static_cast<float*>(out) + i, v);
-  else
-    store_vec(static_cast<uint16_t*>(out) + i, v);
+  if (type == kOutF32) {
+    if constexpr (kStream) store_vec_streaming(static_cast<float*>(out) + i, v);
+    else store_vec(static_cast<float*>(out) + i, v);
+  } else {
+    if constexpr (kStream) store_vec_streaming(static_cast<uint16_t*>(out) + i, v);
+    else store_vec(static_cast<uint16_t*>(out) + i, v);
+  }
 }
 
 // The pooling kernels' sink of pooled channels (c4.cuh, online_decode.cuh): out elements

@@ -2,8 +2,8 @@
 // slots. Torch-free.
 //
 // write_rows_kernel<TS, TI, kRow>: kBlock = 256 threads, one 32-lane group per WritePlan
-// record (grid-stride); launched after the pooling kernel of the same call so that every
-// pooling read precedes every write.
+// record (grid-stride, lane_group_blocks); launched after the pooling kernel of the same call
+// so that every pooling read precedes every write.
 #pragma once
 
 #include "params.cuh"
@@ -25,8 +25,10 @@ namespace compress {
 // only the state writes wait for the pooling kernel's reads. Without a pooling launch before
 // it (no compress record), everything waits.
 
+// The row writes of blocks `block` of `blocks` (write_rows_kernel: its whole grid; the fused
+// c128 prefill's second launch: the blocks it gives them).
 template <typename TS, typename TI, int kRow>
-__global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p) {
+DSV4_DEVICE void write_rows(const Params& p, int64_t block, int64_t blocks) {
   constexpr int kPerLane = kRow / (kLaneGroup * kVec);
   static_assert(kPerLane * kLaneGroup * kVec == kRow, "row vectors tile the lane group");
   if (!p.after_pool) pdl_wait();
@@ -34,9 +36,9 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p
   const TI* in = static_cast<const TI*>(p.input);
   const auto* plan = reinterpret_cast<const WritePlan*>(p.plan);
   const int lane = int(threadIdx.x) % kLaneGroup;
-  const int64_t stride = int64_t(gridDim.x) * kWriteGroups;
-  for (int64_t k = int64_t(blockIdx.x) * kWriteGroups + threadIdx.x / kLaneGroup;
-       k < p.num_records; k += stride) {
+  const int64_t stride = blocks * kWriteGroups;
+  for (int64_t k = block * kWriteGroups + threadIdx.x / kLaneGroup; k < p.num_records;
+       k += stride) {
     const WritePlan w = plan[k];
     const int64_t src = int64_t(w.ragged_id), dst = w.write_loc;
     if (!is_valid(w) || src >= p.num_in_rows || dst < 0 || dst >= p.num_state_rows) continue;
@@ -53,6 +55,11 @@ __global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p
   // the pooling kernel, and a kernel that waits for this one also waits for that one.
   pdl_wait();
   pdl_trigger();
+}
+
+template <typename TS, typename TI, int kRow>
+__global__ void DSV4_COMPRESS_BOUNDS(kBlock, 2) write_rows_kernel(const Params p) {
+  write_rows<TS, TI, kRow>(p, blockIdx.x, gridDim.x);
 }
 
 }  // namespace compress

@@ -13,6 +13,7 @@ namespace dsv4 {
 namespace fused {
 
 using Kernel = void (*)(compress::Params, StoreKernelArgs);
+using WriteStoreKernel = void (*)(compress::Params, StoreKernelArgs, int);
 
 // The store kernel's formats: the four StoreFormats, then fp8_ds_mla rows in each V4.1 layout
 // (store_layout_format).
@@ -22,7 +23,18 @@ constexpr int kStoreKernelFormats = kStoreFp4Indexer + kNumKvLayouts;
 struct KernelSet {
   Kernel c4_decode[2][kStoreKernelFormats];      // c4_decode_store_kernel<TS, TI, TO, format>
   Kernel online_decode[2][kStoreKernelFormats];  // online_decode_store_kernel<TS, TI, TO, format>
+  Kernel c4_prefill[2][kStoreKernelFormats];     // c4_prefill_store_kernel<TS, TI, TO, format>
+  // write_rows_store_kernel<TS, TI, TO, format>: the cr 128 offline prefill's second launch
+  WriteStoreKernel write_rows_store[2][kStoreKernelFormats];
 };
+
+// Store blocks of a write_rows_store_kernel launch: a lane group a row up to two blocks an SM,
+// then the rows strided over those groups.
+inline int64_t write_store_blocks(int64_t rows, int64_t sms) {
+  constexpr int64_t kGroupsPerBlock = compress::kBlock / kLaneGroup;
+  const int64_t blocks = (rows + kGroupsPerBlock - 1) / kGroupsPerBlock;
+  return blocks < 2 * sms ? blocks : 2 * sms;
+}
 
 // TS, TI in {float, uint16_t} (bf16 bits).
 template <typename TS, typename TI>

@@ -5,8 +5,10 @@
 #pragma once
 
 #include "c4_decode_store.cuh"
+#include "c4_prefill_store.cuh"
 #include "kernel_set.cuh"
 #include "online_decode_store.cuh"
+#include "write_rows_store.cuh"
 
 #if defined(DSV4_GPU_COMPILER)
 
@@ -19,6 +21,10 @@ void set_format(KernelSet& k) {
   k.c4_decode[1][kFormat] = c4_decode_store_kernel<TS, TI, uint16_t, kFormat>;
   k.online_decode[0][kFormat] = online_decode_store_kernel<TS, TI, float, kFormat>;
   k.online_decode[1][kFormat] = online_decode_store_kernel<TS, TI, uint16_t, kFormat>;
+  k.c4_prefill[0][kFormat] = c4_prefill_store_kernel<TS, TI, float, kFormat>;
+  k.c4_prefill[1][kFormat] = c4_prefill_store_kernel<TS, TI, uint16_t, kFormat>;
+  k.write_rows_store[0][kFormat] = write_rows_store_kernel<TS, TI, float, kFormat>;
+  k.write_rows_store[1][kFormat] = write_rows_store_kernel<TS, TI, uint16_t, kFormat>;
 }
 
 template <typename TS, typename TI>

@@ -7,8 +7,8 @@
 // 512): each entry's 128 threads then store its row from their registers (spread_store.cuh); hd
 // 128: an entry's 32 threads are its store lane group and run store_row on their own values;
 // the V4.1 layouts: after a block barrier, one 32-lane group per entry stores its row (the rows
-// of entries that close no chunk are zeros and store nothing). kFormat: a store kernel format (a V4.0 store format or
-// fp8_ds_mla rows in a V4.1 layout, store_layout_format).
+// of entries that close no chunk are zeros and store nothing). kFormat: a store kernel format
+// (a V4.0 store format or fp8_ds_mla rows in a V4.1 layout, store_layout_format).
 //
 // Instantiation (fused/instantiations/, through kernel_set_def.cuh), e.g.
 //   template __global__ void dsv4::fused::online_decode_store_kernel<float, float, float, 0>(
@@ -38,7 +38,7 @@ __global__ void DSV4_COMPRESS_BOUNDS(compress::kBlock, 2)
     const SpreadTarget s = spread_target(a, int64_t(blockIdx.x) * kPerBlock + r, u);
     float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     compress::online_decode_entry<TS, TI>(p, [&](int64_t i, const float (&v)[4]) {
-      compress::store_out_vec(p.out, p.out_type, i, v);
+      if (p.out != nullptr) compress::store_out_vec(p.out, p.out_type, i, v);
       as_rows_buffer<TO>(v, x);
     });
     store_spread_row<kFormat>(a, s, x, u, warp_sums[r]);
@@ -46,15 +46,16 @@ __global__ void DSV4_COMPRESS_BOUNDS(compress::kBlock, 2)
     // hd 128: an entry's 32 threads are its store lane group (lane l: dims 4l..4l+3).
     float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     compress::online_decode_entry<TS, TI>(p, [&](int64_t i, const float (&v)[4]) {
-      compress::store_out_vec(p.out, p.out_type, i, v);
+      if (p.out != nullptr) compress::store_out_vec(p.out, p.out_type, i, v);
       as_rows_buffer<TO>(v, x);
     });
-    store_row<kFormat, TO, false, true>(a, int64_t(blockIdx.x) * kPerBlock + threadIdx.x / kLaneGroup,
-                                        int(threadIdx.x) % kLaneGroup, x);
+    store_row<kFormat, TO, false, true>(
+        a, int64_t(blockIdx.x) * kPerBlock + threadIdx.x / kLaneGroup,
+        int(threadIdx.x) % kLaneGroup, x);
   } else {
     compress::online_decode_entry<TS, TI>(p, compress::OutStore{p});
     __syncthreads();  // the block's rows are written (global memory, visible to the block)
-    store_block_rows<kFormat, TO>(a, kPerBlock);
+    store_block_rows<kFormat, TO>(a, int64_t(blockIdx.x) * kPerBlock, kPerBlock);
   }
 }
 

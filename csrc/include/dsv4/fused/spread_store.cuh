@@ -12,6 +12,7 @@
 // store_spread_row (after it; a block barrier, reached by every thread of the block).
 #pragma once
 
+#include "../compress/vec.cuh"
 #include "../store/store_kernel.cuh"
 
 #if defined(DSV4_GPU_COMPILER)
@@ -24,6 +25,12 @@ constexpr int kSpreadWarpSums = 8;   // row_sumsq's warp sums: 64 dims each
 
 DSV4_HD constexpr bool store_format_spreads(int format) {
   return format == kStoreFp8DsMla || format == kStoreBf16;
+}
+// Whether the fused kernels store a row of this format from its pooling threads' registers
+// (the spread rows, and hd 128 rows by their pooling lane groups): the rows buffer is then
+// written only for a caller's `out` (Params::out null otherwise).
+DSV4_HD constexpr bool stores_from_registers(int format) {
+  return store_format_spreads(format) || store_kernel_head_dim(format) == 4 * kLaneGroup;
 }
 
 // Row t's destination (out_loc entry as loaded), the rope pair of thread u (its last 16
@@ -40,20 +47,9 @@ DSV4_DEVICE SpreadTarget spread_target(const StoreKernelArgs& a, int64_t t, int 
   SpreadTarget s{false, make_uint2(0xffffffffu, 0xffffffffu), {1.0f, 0.0f, 1.0f, 0.0f},
                  {0u, 0u, 0u, 0u}};
   if (t >= a.n_rows) return s;
-  const uint8_t* rec = a.plan + t * 16;
-  uint32_t seq_len, word1;
-  if (a.vec_in) {
-    const uint2 q = *reinterpret_cast<const uint2*>(rec);
-    seq_len = q.x;
-    word1 = q.y;
-  } else {
-    seq_len = uint32_t(rec[0]) | (uint32_t(rec[1]) << 8) | (uint32_t(rec[2]) << 16) |
-              (uint32_t(rec[3]) << 24);
-    word1 = uint32_t(rec[4]) | (uint32_t(rec[5]) << 8) | (uint32_t(rec[6]) << 16) |
-            (uint32_t(rec[7]) << 24);
-  }
+  const uint2 head = plan_head(a, t);
   int64_t loc_index = 0, pos = 0;
-  if (!store_row_target(seq_len, int32_t(word1), a.is_decode, a.compress_ratio, t, a.num_out_loc,
+  if (!store_row_target(head.x, int32_t(head.y), a.is_decode, a.compress_ratio, t, a.num_out_loc,
                         a.max_pos, &loc_index, &pos))
     return s;
   s.stores = true;

@@ -151,8 +151,21 @@ DSV4_DEVICE void store_norm_rope_v41(const float (&x)[4][4], const float (&w)[4]
   }
 }
 
+// The first 8 bytes of a plan record (seq_len, second word) read byte by byte (a plan that
+// may be unaligned), and read either way.
+DSV4_DEVICE uint2 plan_head_bytes(const uint8_t* rec) {
+  return make_uint2(uint32_t(rec[0]) | (uint32_t(rec[1]) << 8) | (uint32_t(rec[2]) << 16) |
+                        (uint32_t(rec[3]) << 24),
+                    uint32_t(rec[4]) | (uint32_t(rec[5]) << 8) | (uint32_t(rec[6]) << 16) |
+                        (uint32_t(rec[7]) << 24));
+}
+DSV4_DEVICE uint2 plan_head(const StoreKernelArgs& a, int64_t t) {
+  const uint8_t* rec = a.plan + t * 16;
+  return a.vec_in ? *reinterpret_cast<const uint2*>(rec) : plan_head_bytes(rec);
+}
+
 // Row t of the store, by the 32-lane group whose lane this is: the store kernel's body, also
-// run by the fused compress_and_store kernels (fused/decode_store_kernel.cuh) after their
+// run by the fused compress_and_store kernels (include/dsv4/fused/) after their
 // pooling. kInKernel false: the caller has waited for the grid dependency and made the rows
 // (a block barrier after its writes): the record is read once, no guess, no PDL calls.
 // kRegRow (fused kernels whose pooling threads are the lane group, hd 128): the row's values are
@@ -206,10 +219,9 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
     seq_len = q.x;
     word1 = q.y;
   } else {
-    seq_len = uint32_t(rec[0]) | (uint32_t(rec[1]) << 8) | (uint32_t(rec[2]) << 16) |
-              (uint32_t(rec[3]) << 24);
-    word1 = uint32_t(rec[4]) | (uint32_t(rec[5]) << 8) | (uint32_t(rec[6]) << 16) |
-            (uint32_t(rec[7]) << 24);
+    const uint2 q = plan_head_bytes(rec);
+    seq_len = q.x;
+    word1 = q.y;
   }
   uint32_t w_bits[kJ][4], x_bits[kJ][4];
   const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
@@ -368,14 +380,12 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
   }
 }
 
-// The fused kernels' store step: rows blockIdx.x * per_block .. + per_block - 1, one 32-lane
-// group each, after the block barrier that follows their pooling.
+// The fused kernels' store step: rows first .. first + rows - 1, one 32-lane group each, after
+// the block barrier that follows their pooling.
 template <int kFormat, typename KvT>
-DSV4_DEVICE void store_block_rows(const StoreKernelArgs& a, int per_block) {
+DSV4_DEVICE void store_block_rows(const StoreKernelArgs& a, int64_t first, int rows) {
   const int g = int(threadIdx.x) / kLaneGroup;
-  if (g < per_block)
-    store_row<kFormat, KvT, false>(a, int64_t(blockIdx.x) * per_block + g,
-                                   int(threadIdx.x) % kLaneGroup);
+  if (g < rows) store_row<kFormat, KvT, false>(a, first + g, int(threadIdx.x) % kLaneGroup);
 }
 
 template <int kFormat, typename KvT>
