@@ -45,13 +45,7 @@ def cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, Any]]]]
             for c in P.case_list(quick=ctx.quick, selftest=ctx.smoke)]
 
 
-def rows(ctx: C.Context) -> List[Dict[str, Any]]:
-    return C.run_cases(ctx, cases(ctx), FAMILY)
-
-
-def main() -> int:
-    return C.family_main(FAMILY, rows, __doc__)
-
+rows = C.family_rows(FAMILY, cases)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(C.family_main(FAMILY, rows, __doc__))

@@ -147,17 +147,8 @@ def step_cases(ctx: C.Context) -> List[Tuple[str, Callable[[], List[Dict[str, An
     return out
 
 
-def rows(ctx: C.Context) -> List[Dict[str, Any]]:
-    return C.run_cases(ctx, store_cases(ctx), FAMILY)
-
-
-def step_rows(ctx: C.Context) -> List[Dict[str, Any]]:
-    return C.run_cases(ctx, step_cases(ctx), STEP_FAMILY)
-
-
-def main() -> int:
-    return C.family_main(FAMILY, lambda ctx: rows(ctx) + step_rows(ctx), __doc__)
-
+rows = C.family_rows(FAMILY, store_cases)
+step_rows = C.family_rows(STEP_FAMILY, step_cases)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(C.family_main(FAMILY, lambda ctx: rows(ctx) + step_rows(ctx), __doc__))

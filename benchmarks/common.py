@@ -772,6 +772,16 @@ def git_tree(root: str = REPO_ROOT) -> str:
         return "?"
 
 
+Cases = List[Tuple[str, Callable[[], List[Dict[str, Any]]]]]
+
+
+def family_rows(family: str, cases_fn: Callable[[Context], Cases]
+                ) -> Callable[[Context], List[Dict[str, Any]]]:
+    """The rows function of a family script (what benchmarks/run.py calls): the script's
+    (name, thunk) cases through run_cases."""
+    return lambda ctx: run_cases(ctx, cases_fn(ctx), family)
+
+
 def family_main(family_name: str, rows_fn: Callable[[Context], List[Dict[str, Any]]],
                 description: str) -> int:
     """main() of one family script: parse the common options, measure the copy ceiling,
