@@ -8,7 +8,8 @@
 // row from their registers (spread_store.cuh); hd 128: a record's 32 pooling threads are its
 // lane group and run store_row on their own values; the V4.1 layouts: after a block barrier,
 // one 32-lane group per record stores its row read back from the rows buffer (Params::out, of
-// type TO: float or uint16_t, bf16 bits), which every form also writes.
+// type TO: float or uint16_t, bf16 bits). The register forms write that buffer only for a
+// caller's `out` (Params::out null otherwise, stores_from_registers).
 #pragma once
 
 #include "../compress/c4.cuh"
