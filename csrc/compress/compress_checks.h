@@ -176,5 +176,14 @@ inline Params pass_params(Params p, const at::Tensor& records, bool writes_out) 
   return p;
 }
 
+// The offline prefill's plan_w row writes (GPU), launched right after the pooling kernel of
+// the same call when the plan has records (Params::after_pool, write_rows.cuh).
+inline Params row_write_params(const Params& base, const at::Tensor& plan,
+                               const at::Tensor& plan_w) {
+  Params pw = pass_params(base, plan_w, false);
+  pw.after_pool = plan.size(0) > 0 ? 1 : 0;
+  return pw;
+}
+
 }  // namespace compress
 }  // namespace dsv4

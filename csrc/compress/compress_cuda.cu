@@ -80,8 +80,7 @@ template <typename TS, typename TI, int kHd>
 void launch_row_writes(Instance<TS, TI, kHd>, const CallShape& cs, const Params& base,
                        const at::Tensor& plan, const at::Tensor& plan_w, const LaunchEnv& env) {
   const KernelSet k = kernel_set<TS, TI, kHd>();
-  Params pw = pass_params(base, plan_w, false);
-  pw.after_pool = plan.size(0) > 0 ? 1 : 0;  // the pooling kernel was launched just before
+  const Params pw = row_write_params(base, plan, plan_w);
   launch_kernel(cs.cr == 4 ? k.write_c4_rows : k.write_c128_rows,
                 grid_1d(lane_group_blocks(pw.num_records)), dim3(kBlock), 0, env.stream, env.pdl,
                 pw);

@@ -39,8 +39,7 @@ bool launch_fused_decode(const FusedShape& f, bool out_given,
                          int64_t compress_ratio, double eps, const LaunchEnv& env) {
   const compress::CallShape& cs = f.cs;
   if (!cs.decode || !(cs.cr == 4 || cs.online)) return false;
-  // A non-v4 layout is fp8_ds_mla's (checked): its rows in the layout's encoding.
-  const int format = f.g.layout == kLayoutV4 ? f.g.format : store_layout_format(f.g.layout);
+  const int format = store_kernel_format(f.g);
   compress::Params p = compress::pass_params(
       compress::make_params(cs, kv_score_buffer, kv_score_input, ape, rows), plan, true);
   if (!out_given && fused::stores_from_registers(format)) p.out = nullptr;  // rows not kept
@@ -76,7 +75,7 @@ bool launch_fused_prefill(const FusedShape& f, bool out_given,
                           const LaunchEnv& env) {
   const compress::CallShape& cs = f.cs;
   if (cs.decode || cs.online) return false;  // plan_w is there (check_compress_forward)
-  const int format = f.g.layout == kLayoutV4 ? f.g.format : store_layout_format(f.g.layout);
+  const int format = store_kernel_format(f.g);
   const compress::Params base =
       compress::make_params(cs, kv_score_buffer, kv_score_input, ape, rows);
   const StoreKernelArgs a = store_kernel_args(f.g, rows, plan, norm_weight, freqs, out_loc,
@@ -97,8 +96,7 @@ bool launch_fused_prefill(const FusedShape& f, bool out_given,
   }
   compress::launch_compress_pooling(cs, kv_score_buffer, kv_score_input, ape, plan, plan_w, rows,
                                     env);
-  compress::Params pw = compress::pass_params(base, *plan_w, false);
-  pw.after_pool = plan.size(0) > 0 ? 1 : 0;
+  const compress::Params pw = compress::row_write_params(base, plan, *plan_w);
   const int64_t store_blocks = fused::write_store_blocks(a.n_rows, env.sms);
   const int64_t blocks = store_blocks + compress::lane_group_blocks(pw.num_records);
   launch_kernel(k.write_rows_store[to][format], dim3(unsigned(blocks)), dim3(compress::kBlock), 0,

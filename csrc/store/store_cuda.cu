@@ -125,9 +125,7 @@ void launch_compress_norm_rope_store(const StoreGeometry& g, const at::Tensor& k
   if (g.n_rows == 0 || g.num_pages == 0) return;
   const StoreKernelArgs a = store_kernel_args(g, kv, plan, norm_weight, freqs, out_loc, kvcache,
                                               is_decode, compress_ratio, eps);
-
-  // A non-v4 layout is fp8_ds_mla's (checked): its rows in the layout's encoding.
-  const int format = g.layout == kLayoutV4 ? g.format : store_layout_format(g.layout);
+  const int format = store_kernel_format(g);
   if (kv.scalar_type() == at::kBFloat16)
     launch_for_format<uint16_t>(format, a, env);
   else

@@ -11,6 +11,12 @@
 
 namespace dsv4 {
 
+// The store kernel format of checked arguments: the V4.0 format, or for a V4.1 layout (whose
+// format is fp8_ds_mla, checked) its rows in the layout's encoding.
+inline int store_kernel_format(const StoreGeometry& g) {
+  return g.layout == kLayoutV4 ? g.format : store_layout_format(g.layout);
+}
+
 StoreKernelArgs store_kernel_args(const StoreGeometry& g, const at::Tensor& kv,
                                   const at::Tensor& plan, const at::Tensor& norm_weight,
                                   const at::Tensor& freqs, const at::Tensor& out_loc,

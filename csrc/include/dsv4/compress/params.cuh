@@ -70,11 +70,11 @@ inline int64_t c4_prefill_blocks(int64_t records, int hd, int64_t sms) {
                              kC4MaxTurns);
 }
 
-// Blocks of kBlock threads for one 32-lane group per record, grid-stride past 2048 blocks
-// (the offline prefill row writes, the fused cr 128 prefill's store).
-inline int64_t lane_group_blocks(int64_t records) {
+// Blocks of kBlock threads for one 32-lane group per record, grid-stride past max_blocks
+// (2048: the offline prefill row writes; the fused cr 128 prefill's store, write_store_blocks).
+inline int64_t lane_group_blocks(int64_t records, int64_t max_blocks = 2048) {
   const int64_t blocks = (records + kWriteGroups - 1) / kWriteGroups;
-  return blocks < 2048 ? blocks : 2048;
+  return blocks < max_blocks ? blocks : max_blocks;
 }
 
 // c128 prefill / online (Params::records_per_block): a block of several records reads all

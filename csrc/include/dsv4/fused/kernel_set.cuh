@@ -31,9 +31,7 @@ struct KernelSet {
 // Store blocks of a write_rows_store_kernel launch: a lane group a row up to two blocks an SM,
 // then the rows strided over those groups.
 inline int64_t write_store_blocks(int64_t rows, int64_t sms) {
-  constexpr int64_t kGroupsPerBlock = compress::kBlock / kLaneGroup;
-  const int64_t blocks = (rows + kGroupsPerBlock - 1) / kGroupsPerBlock;
-  return blocks < 2 * sms ? blocks : 2 * sms;
+  return compress::lane_group_blocks(rows, 2 * sms);
 }
 
 // TS, TI in {float, uint16_t} (bf16 bits).
