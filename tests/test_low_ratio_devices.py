@@ -1,7 +1,8 @@
 """CUDA only: the V4.1 ops give the CPU kernels' bytes exactly (latent, ring, cache) on the
 same inputs (contract V4.1 4.2: byte-identical backends), in both row mappings of the GPU
 kernels: four lane groups a 512-dim row below one wave of rows, one lane group a row from
-there (csrc/low_ratio/low_ratio_cuda.cu, row_chunks)."""
+there (csrc/low_ratio/low_ratio_cuda.cu, row_chunks; compress_norm_rope_store into a V4.1
+layout the same, csrc/store/store_cuda.cu, launch_store)."""
 import pytest
 import torch
 
@@ -9,6 +10,7 @@ from op_samples import low_ratio_samples
 
 import low_ratio_cases as lr
 from low_ratio_cases import PAD, PairWorld
+from test_low_ratio_store import NON_V4, _cnrs, _cnrs_case
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -153,3 +155,25 @@ def test_c1_kv_store_index_k_byte_identical(layout, rows):
     for name, a, b in zip(["c1 latent", "c1 cache", "index-K cache", "kv_store fp32",
                            "kv_store bf16"], results[1], results[0]):
         lr.assert_same_bits(a, b, f"{layout.value}: {name}")
+
+
+def _store_split_rows() -> int:
+    """The most rows for which compress_norm_rope_store runs a V4.1 layout's row in four lane
+    groups (store_kernel.cuh, kStoreSplitRowsPerSm: 2 rows an SM)."""
+    return 2 * torch.cuda.get_device_properties(CUDA).multi_processor_count
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [40, 0, 1], ids=["40", "split", "split+1"])
+@pytest.mark.parametrize("layout", NON_V4, ids=[v.value for v in NON_V4])
+def test_compress_norm_rope_store_layouts_byte_identical(layout, rows, kv_dtype):
+    """Both mappings of compress_norm_rope_store's V4.1 rows (four lane groups a row up to 2
+    rows an SM, one from there), with rows that store nothing: out_loc -1 and past the cache."""
+    n = rows if rows > 1 else _store_split_rows() + rows
+    kv, w, freqs, _, loc, plan, cache = _cnrs_case(126, n, kv_dtype, layout)
+    loc[::7] = -1
+    loc[3::11] = cache.shape[0] * 64 + 5
+    got = _cnrs(CUDA, kv, plan, w, freqs, loc, cache, 64, "fp8_ds_mla", layout.value)
+    want = _cnrs("cpu", kv, plan, w, freqs, loc, cache, 64, "fp8_ds_mla", layout.value)
+    lr.assert_same_bits(got, want, f"compress_norm_rope_store {layout.value}, {n} rows")
+    assert not torch.equal(got, cache)

@@ -80,10 +80,9 @@ low_ratio::LatentOutputs latent_outputs(const LowRatioGeometry& g, const at::Ten
   o.max_pos = g.max_pos;
   o.num_pages = g.num_pages;
   o.page_bytes = g.page_bytes;
-  o.page_size = g.page_size;
+  o.rows = layout_row_addressing(g.layout, g.page_size);
   o.log2_page_size = g.log2_page_size;
   o.dcp = g.dcp;
-  o.layout = g.layout;
   o.eps = float(eps);
   o.w_bf16 = g.w_bf16;
   o.vec_w = aligned(o.norm_weight, 16);
@@ -115,7 +114,7 @@ low_ratio::PairInputs pair_inputs(const LowRatioGeometry& g, const at::Tensor& k
 }
 
 // Kernels<layout_encoding(layout), l.chunks>::launch(l, ...): the interleaved layouts run their
-// block-split twin's instance (the offsets come from the run-time layout).
+// block-split twin's instance (the row addressing comes from the run-time layout).
 template <template <int, int> class Kernels, int kChunks, typename... Args>
 void launch_encoding(int layout, const RowLaunch& l, Args&&... args) {
   switch (layout_encoding(layout)) {
@@ -324,10 +323,9 @@ void kv_store_cuda(const at::Tensor& x, const at::Tensor& loc,
   a.n_rows = g.n_rows;
   a.num_pages = g.num_pages;
   a.page_bytes = g.page_bytes;
-  a.page_size = g.page_size;
+  a.rows = layout_row_addressing(g.layout, g.page_size);
   a.log2_page_size = g.log2_page_size;
   a.dcp = g.dcp;
-  a.layout = g.layout;
   a.loc64 = g.loc64;
   a.vec_in = aligned(a.x, 16) && (a.freqs_rows == nullptr || aligned(a.freqs_rows, 16));
   a.vec_out = aligned(a.cache, 8) && g.page_bytes % 8 == 0;

@@ -27,19 +27,32 @@ bool stale_plan_requested() {
   return requested;
 }
 
-template <int kFormat, typename KvT>
-void launch_store(const StoreKernelArgs& a, const LaunchEnv& env) {
+template <int kFormat, typename KvT, int kRowGroups>
+void launch_store_groups(const StoreKernelArgs& a, const LaunchEnv& env) {
   // Whole 64-thread multiples (AMD wavefronts), at most kStoreMaxBlockThreads; fewer when
   // the rows would not fill every SM: a decode step's handful of rows then runs on as many
   // SMs (faster than one full block for small decode steps).
+  constexpr int kRowThreads = kRowGroups * kLaneGroup;
   const int64_t rows_per_sm = (a.n_rows + env.sms - 1) / env.sms;
   const int threads = int(std::min<int64_t>(kStoreMaxBlockThreads,
-                                            (rows_per_sm * kLaneGroup + 63) / 64 * 64));
-  const int64_t tokens_per_block = threads / kLaneGroup;
+                                            (rows_per_sm * kRowThreads + 63) / 64 * 64));
+  const int64_t tokens_per_block = threads / kRowThreads;
   const int64_t blocks = (a.n_rows + tokens_per_block - 1) / tokens_per_block;
   DSV4_CHECK(blocks <= int64_t(0x7fffffff), kStoreOp, "kv", "has too many rows (", a.n_rows, ")");
-  launch_kernel(compress_norm_rope_store_kernel<kFormat, KvT>, dim3(unsigned(blocks)),
-                dim3(unsigned(threads)), 0, env.stream, env.pdl, a);
+  launch_kernel(compress_norm_rope_store_kernel<kFormat, KvT, kRowGroups>,
+                dim3(unsigned(blocks)), dim3(unsigned(kRowThreads * tokens_per_block)), 0,
+                env.stream, env.pdl, a);
+}
+// A V4.1 layout's rows spread over four lane groups up to kStoreSplitRowsPerSm rows an SM (the
+// time of a few rows is one row's serial encoding; from there the four groups' repeated loads
+// and sums cost more than they save: docs/design/low_ratio.md).
+template <int kFormat, typename KvT>
+void launch_store(const StoreKernelArgs& a, const LaunchEnv& env) {
+  if constexpr (store_format_is_layout(kFormat)) {
+    if (a.n_rows <= kStoreSplitRowsPerSm * env.sms)
+      return launch_store_groups<kFormat, KvT, low_ratio::kRowChunks>(a, env);
+  }
+  launch_store_groups<kFormat, KvT, 1>(a, env);
 }
 
 template <typename KvT>

@@ -55,14 +55,29 @@ DSV4_HD constexpr int64_t layout_page_bytes(int layout, int64_t page_size) {
   return (page_size * layout_token_bytes(layout) + layout_page_align(layout) - 1) /
          layout_page_align(layout) * layout_page_align(layout);
 }
+// Where a page puts token `off`'s bytes: its data at off * data_stride, its scales at
+// scale_base + off * scale_stride. The GPU kernels take it resolved on the host: two products
+// a row instead of the layout's selects.
+struct LayoutRowAddressing {
+  int64_t data_stride;
+  int64_t scale_base;
+  int64_t scale_stride;
+};
+DSV4_HD constexpr LayoutRowAddressing layout_row_addressing(int layout, int64_t page_size) {
+  return layout_interleaved(layout)
+             ? LayoutRowAddressing{layout_token_bytes(layout), layout_data_bytes(layout),
+                                   layout_token_bytes(layout)}
+             : LayoutRowAddressing{layout_data_bytes(layout),
+                                   page_size * layout_data_bytes(layout),
+                                   layout_scale_bytes(layout)};
+}
 // Byte offsets inside a page of token `off`'s data and scales.
 DSV4_HD constexpr int64_t layout_data_offset(int layout, int64_t off) {
-  return off * (layout_interleaved(layout) ? layout_token_bytes(layout) : layout_data_bytes(layout));
+  return off * layout_row_addressing(layout, 0).data_stride;
 }
 DSV4_HD constexpr int64_t layout_scale_offset(int layout, int64_t page_size, int64_t off) {
-  return layout_interleaved(layout)
-             ? off * layout_token_bytes(layout) + layout_data_bytes(layout)
-             : page_size * layout_data_bytes(layout) + off * layout_scale_bytes(layout);
+  return layout_row_addressing(layout, page_size).scale_base +
+         off * layout_row_addressing(layout, page_size).scale_stride;
 }
 // Whether the layout stores the fp4 fake-quantised row of a ratio-1/2 latent (the fp8-style
 // layouts) rather than the rotated row itself (the fp4 layouts).

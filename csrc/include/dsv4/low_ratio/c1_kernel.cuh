@@ -5,7 +5,7 @@
 //
 // Instantiation: c1_norm_rope_store_kernel<Encoding, Chunks> with Encoding a layout_encoding
 // (kLayoutV4, kLayoutV41, kLayoutV41Fp4, kLayoutUniformFp8; the interleaved layouts share the
-// encoding of their block-split twin and differ only in LatentOutputs::layout) and Chunks 1 or
+// encoding of their block-split twin and differ only in LatentOutputs::rows) and Chunks 1 or
 // 4 (the chunks a thread holds).
 #pragma once
 

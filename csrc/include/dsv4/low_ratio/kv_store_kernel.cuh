@@ -23,10 +23,9 @@ struct KvStoreKernelArgs {
   int64_t n_rows;
   int64_t num_pages;
   int64_t page_bytes;
-  int64_t page_size;
-  Dcp dcp;  // the cache entries this rank stores (contract 9)
+  LayoutRowAddressing rows;  // the layout's token addressing in a page
+  Dcp dcp;                   // the cache entries this rank stores (contract 9)
   int log2_page_size;
-  int layout;
   bool loc64;
   bool vec_in;   // x and freqs_rows 16-byte aligned
   bool vec_out;  // cache and page_bytes 8-byte aligned
@@ -53,8 +52,19 @@ DSV4_DEVICE void load_kv_store_row(const KvStoreKernelArgs& a, const RowThread& 
 }
 }  // namespace low_ratio
 
+// Blocks of 256 threads an SM holds at once (CUDA): 6, at most 40 registers a thread (unbound,
+// ptxas gives the one-group V41_FP4 instances up to 53, 4 blocks). HIP reads the second
+// __launch_bounds__ argument as waves per execution unit: no bound.
+constexpr int kv_store_min_blocks() {
+#if defined(DSV4_HIP)
+  return 1;
+#else
+  return 6;
+#endif
+}
+
 template <int kEncoding, typename XT, int kChunks>
-__global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
+__global__ void __launch_bounds__(low_ratio::kBlockThreadsMax, kv_store_min_blocks())
     kv_store_kernel(KvStoreKernelArgs a) {
   using namespace low_ratio;
   constexpr bool kBf16 = sizeof(XT) == 2;
@@ -71,8 +81,8 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
   load_kv_store_row<kBf16, kChunks>(a, r, v, f);
 #endif
   RowDestination d;
-  if (!row_destination(a.cache, loc, a.dcp, a.layout, a.log2_page_size, a.page_size,
-                       a.num_pages, a.page_bytes, &d))
+  if (!row_destination(a.cache, loc, a.dcp, a.rows, a.log2_page_size, a.num_pages,
+                       a.page_bytes, &d))
     return;
 #if !DSV4_LR_EARLY_INPUT
   RowPart<kChunks> v;

@@ -197,31 +197,33 @@ DSV4_DEVICE void fake_quant(RowPart<kChunks>& v) {
 }
 
 // Where the token of global entry `loc` goes on this rank (store_slot_of: its local slot), or
-// false when it writes nothing here (negative, another rank's or past the cache). `layout`
-// decides the interleaving (kv_layout.h offsets).
+// false when it writes nothing here (negative, another rank's or past the cache). `rows` is
+// the layout's addressing (kv_layout.h).
 struct RowDestination {
   uint8_t* data;
   uint8_t* scales;
 };
-DSV4_DEVICE bool row_destination(uint8_t* cache, int64_t loc, const Dcp& dcp, int layout,
-                                 int log2_page_size, int64_t page_size, int64_t num_pages,
-                                 int64_t page_bytes, RowDestination* d) {
+DSV4_DEVICE bool row_destination(uint8_t* cache, int64_t loc, const Dcp& dcp,
+                                 const LayoutRowAddressing& rows, int log2_page_size,
+                                 int64_t num_pages, int64_t page_bytes, RowDestination* d) {
   const CacheSlot s = store_slot_of(loc, dcp, log2_page_size, num_pages);
-  if (s.page < 0) return false;
   uint8_t* base = cache + s.page * page_bytes;
-  d->data = base + layout_data_offset(layout, s.off);
-  d->scales = base + layout_scale_offset(layout, page_size, s.off);
-  return true;
+  // off < page_size <= 2^30 and the strides < 2^10: 32 x 32-bit products.
+  const uint32_t off = uint32_t(s.off);
+  d->data = base + uint64_t(off) * uint32_t(rows.data_stride);
+  d->scales = base + rows.scale_base + uint64_t(off) * uint32_t(rows.scale_stride);
+  return s.page >= 0;
 }
 
 // Encodes a lane's values q of kChunks chunks (q[i] of chunk first_chunk + i) and stores them
 // in the slot d with the row encoding kEncoding (layout_encoding of the layout; contract V4.1
 // 1.7, 3.2 - 3.4); the chunks' reductions interleaved, then the stores. A tile's scale byte is
 // written by its first lane. V4: dims 0..447 e4m3 with one ds_mla_exponent per 64, 448..511
-// bf16 of q, scale byte 7 untouched. Every lane of the group calls (shuffles).
+// bf16 of q, scale byte 7 untouched. Every lane of the group calls (shuffles); `writes` false
+// stores nothing (a caller that encodes its row whether or not it is stored).
 template <int kEncoding, int kChunks>
 DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chunk, int lane,
-                                     const RowDestination& d, bool vec_out) {
+                                     const RowDestination& d, bool vec_out, bool writes = true) {
   using namespace store_detail;
   if constexpr (kEncoding == kLayoutV4) {
     // One UE8M0 per 64 dims = 16 lanes: byte 2j + lane / 16 of chunk j (7 bytes).
@@ -242,6 +244,7 @@ DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chu
         hi[i] = 0u;
       }
     }
+    if (!writes) return;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int dim = lane_dim(first_chunk + i, lane, 0);
@@ -261,6 +264,7 @@ DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chu
     for (int i = 0; i < kChunks; ++i) {
       const int j = first_chunk + i;
       ex[i] = v41_exponent(am[i]);
+      if (!writes) continue;
       store_u32(d.data + lane_dim(j, lane, 0), e4m3x4_mul(q[i], ue8m0_inv_scale(uint8_t(ex[i]))),
                 vec_out);
       if (lane % kLanes == 0) d.scales[(128 / 32) * j + lane / kLanes] = uint8_t(ex[i]);
@@ -280,11 +284,13 @@ DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chu
           uint32_t(v41_fp4_code(q[i][0], s)) | (uint32_t(v41_fp4_code(q[i][1], s)) << 4);
       const uint32_t c1 =
           uint32_t(v41_fp4_code(q[i][2], s)) | (uint32_t(v41_fp4_code(q[i][3], s)) << 4);
+      if (!writes) continue;
       store_u16(d.data + lane_dim(j, lane, 0) / 2, c0 | (c1 << 8), vec_out);
       if (lane % kLanes == 0) d.scales[(128 / 16) * j + lane / kLanes] = sb;
     }
   } else {
     static_assert(kEncoding == kLayoutUniformFp8, "unknown row encoding");
+    if (!writes) return;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i)
       store_u32(d.data + lane_dim(first_chunk + i, lane, 0),
@@ -397,10 +403,9 @@ struct LatentOutputs {
   int64_t max_pos;
   int64_t num_pages;
   int64_t page_bytes;
-  int64_t page_size;
-  Dcp dcp;  // the cache entries this rank stores (contract 9)
+  LayoutRowAddressing rows;  // the layout's token addressing in a page
+  Dcp dcp;                   // the cache entries this rank stores (contract 9)
   int log2_page_size;
-  int layout;
   float eps;
   bool w_bf16;
   bool vec_w;       // norm_weight 16-byte aligned
@@ -433,9 +438,8 @@ DSV4_DEVICE void load_latent_params(const LatentOutputs& o, int64_t p, const Row
 
 // Row r.row's latent (contract V4.1 1.4: bf16(x * inv * w)) when `publishes`, then its cache row
 // at global entry `loc` where loc > 0, this rank owns it, its page lies in the cache and the RoPE
-// position inside freqs
-// (contract V4.1 2.3, 2.4). Every thread of the block calls it (row_sumsq); `publishes` is
-// uniform over a row.
+// position inside freqs (contract V4.1 2.3, 2.4). Every thread of the block calls it
+// (row_sumsq); `publishes` is uniform over a row.
 template <int kEncoding, int kChunks>
 DSV4_DEVICE void publish_latent(const LatentOutputs& o, const RowThread& r, bool publishes,
                                 const LatentInputs<kChunks>& in, int64_t loc) {
@@ -450,8 +454,8 @@ DSV4_DEVICE void publish_latent(const LatentOutputs& o, const RowThread& r, bool
   store_bf16_part(o.latent + r.row * kLowRatioHeadDim, r, o.vec_latent, lat);
   if (loc <= 0 || !in.rope_ok) return;
   RowDestination d;
-  if (!row_destination(o.cache, loc, o.dcp, o.layout, o.log2_page_size, o.page_size,
-                       o.num_pages, o.page_bytes, &d))
+  if (!row_destination(o.cache, loc, o.dcp, o.rows, o.log2_page_size, o.num_pages,
+                       o.page_bytes, &d))
     return;
   store_latent_part<kEncoding>(lat, in.f, r, d, o.vec_out);
 }

@@ -1,15 +1,16 @@
 // compress_norm_rope_store GPU kernel (docs/contract.md 1.3 and 4), shared by CUDA and HIP.
 //
-// One 32-lane group (kLaneGroup) per token, several tokens per block. Lane l holds dims
-// 128*j + 4*l + k (store_math.h's lane layout): every load and store instruction of a group
-// then touches one contiguous stretch of the row / cache slot. The RMS sum and the amaxes
+// One 32-lane group (kLaneGroup) per token, several tokens per block (a V4.1 layout's launch
+// of at most kStoreSplitRowsPerSm tokens an SM: four groups a token, one chunk each). Lane l
+// holds dims 128*j + 4*l + k (store_math.h's lane layout): every load and store instruction of
+// a group then touches one contiguous stretch of the row / cache slot. The RMS sum and the amaxes
 // are group reductions through the width-32 shuffles of portability.h (so a 64-lane AMD
 // wavefront runs two tokens, one per half); the 128-point Hadamard is two in-thread
 // butterfly stages followed by five xor-shuffle stages.
 //
-// Instantiation: compress_norm_rope_store_kernel<Format, KvT> with Format one of
+// Instantiation: compress_norm_rope_store_kernel<Format, KvT[, RowGroups]> with Format one of
 // kStoreFp8DsMla, kStoreBf16, kStoreFp8Indexer, kStoreFp4Indexer or a V4.1 layout's
-// store_layout_format, and KvT float or uint16_t (bf16 bits), e.g.
+// store_layout_format, KvT float or uint16_t (bf16 bits), RowGroups 1 or (a V4.1 layout) 4, e.g.
 //   template __global__ void dsv4::compress_norm_rope_store_kernel<dsv4::kStoreBf16, float>(
 //       dsv4::StoreKernelArgs);
 #pragma once
@@ -24,6 +25,8 @@
 namespace dsv4 {
 
 constexpr int kStoreMaxBlockThreads = 256;  // a multiple of 64: whole wavefronts on AMD
+// A V4.1 layout's launch of at most this many rows an SM runs four lane groups a row.
+constexpr int64_t kStoreSplitRowsPerSm = 2;
 
 // fp8_ds_mla rows stored in a V4.1 layout (contract V4.1 4.2): kernel formats past the four of
 // StoreFormat, one per layout other than V4 (whose rows are today's kStoreFp8DsMla). The layout
@@ -126,29 +129,57 @@ DSV4_DEVICE void norm_rope(const float (&x)[kJ][4], const float (&w)[kJ][4], con
 }
 
 // The rows of a V4.1 layout (contract V4.1 4.2): w' = w rounded to kv's dtype, y = x * inv * w'
-// (norm_rope's sum) rounded to kv's dtype, the RoPE dims rotated and rounded to it again.
-template <typename KvT>
-DSV4_DEVICE void store_norm_rope_v41(const float (&x)[4][4], const float (&w)[4][4],
-                                     const float (&f)[4], bool rope_lane, float eps,
-                                     float (&y)[4][4]) {
-  constexpr bool kBf16 = sizeof(KvT) == 2;
-  const auto to_kv = [](float v) { return kBf16 ? round_to_bf16(v) : v; };
+// rounded to kv's dtype, the RoPE dims rotated and rounded to it again. inv: every lane's 16
+// values one sum-of-squares chain, then the group's butterfly (the reference store's order).
+DSV4_DEVICE float store_v41_rms_inv(const float (&x)[4][4], float eps) {
   float acc = 0.0f;
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int k = 0; k < 4; ++k) acc = sumsq_step(acc, x[j][k]);
-  const float inv = rms_inv(group_sum(acc), kLowRatioHeadDim, eps);
+  return rms_inv(group_sum(acc), kLowRatioHeadDim, eps);
+}
+// One chunk's 4 values of a lane; `rotates`: they are RoPE dims (chunk 3, a rope lane).
+template <typename KvT>
+DSV4_DEVICE void store_v41_chunk(const float (&x)[4], const float (&w)[4], float inv,
+                                 const float (&f)[4], bool rotates, float (&y)[4]) {
+  constexpr bool kBf16 = sizeof(KvT) == 2;
+  const auto to_kv = [](float v) { return kBf16 ? round_to_bf16(v) : v; };
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int k = 0; k < 4; ++k) y[k] = to_kv(norm_value(x[k], inv, to_kv(w[k])));
+  if (rotates) {
+    rope_pair(y[0], y[1], f[0], f[1]);
+    rope_pair(y[2], y[3], f[2], f[3]);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) y[j][k] = to_kv(norm_value(x[j][k], inv, to_kv(w[j][k])));
-  if (rope_lane) {
-    rope_pair(y[3][0], y[3][1], f[0], f[1]);
-    rope_pair(y[3][2], y[3][3], f[2], f[3]);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) y[3][k] = to_kv(y[3][k]);
+    for (int k = 0; k < 4; ++k) y[k] = to_kv(y[k]);
   }
+}
+template <typename KvT>
+DSV4_DEVICE void store_norm_rope_v41(const float (&x)[4][4], const float (&w)[4][4],
+                                     const float (&f)[4], bool rope_lane, float eps,
+                                     float (&y)[4][4]) {
+  const float inv = store_v41_rms_inv(x, eps);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) store_v41_chunk<KvT>(x[j], w[j], inv, f, rope_lane && j == 3, y[j]);
+}
+// The same for chunk g of the token only (the row groups of a split launch).
+template <typename KvT>
+DSV4_DEVICE void store_norm_rope_v41_chunk(const float (&x)[4][4], const float (&w)[4][4],
+                                           const float (&f)[4], bool rope_lane, float eps, int g,
+                                           float (&y)[1][4]) {
+  const float inv = store_v41_rms_inv(x, eps);
+  float xg[4], wg[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // chunk g's values by selects (no indexed register array)
+    xg[k] = x[0][k];
+    wg[k] = w[0][k];
+#pragma unroll
+    for (int j = 1; j < 4; ++j) {
+      xg[k] = g == j ? x[j][k] : xg[k];
+      wg[k] = g == j ? w[j][k] : wg[k];
+    }
+  }
+  store_v41_chunk<KvT>(xg, wg, inv, f, rope_lane && g == 3, y[0]);
 }
 
 // The first 8 bytes of a plan record (seq_len, second word) read byte by byte (a plan that
@@ -170,14 +201,18 @@ DSV4_DEVICE uint2 plan_head(const StoreKernelArgs& a, int64_t t) {
 // (a block barrier after its writes): the record is read once, no guess, no PDL calls.
 // kRegRow (fused kernels whose pooling threads are the lane group, hd 128): the row's values are
 // this lane's x_reg, as the rows buffer of type KvT holds them, and the row is not loaded.
+// kRowGroups 4 (a V4.1 layout, store_cuda.cu launch_store): four lane groups a token, the
+// calling one its chunk `chunk`; each loads the whole token for the RMS sum, encodes its chunk.
 // One body (about 180 lines): with the format writes split into functions nvcc schedules the fp8
 // instances' code differently, so the cache writes stay inline.
-template <int kFormat, typename KvT, bool kInKernel, bool kRegRow = false>
+template <int kFormat, typename KvT, bool kInKernel, bool kRegRow = false, int kRowGroups = 1>
 DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
-                           const float* x_reg = nullptr) {
+                           const float* x_reg = nullptr, int chunk = 0) {
   using namespace store_detail;
   constexpr int kHd = store_kernel_head_dim(kFormat);
   constexpr int kJ = kHd / 128;  // 4-value chunks per lane
+  static_assert(kRowGroups == 1 || (store_format_is_layout(kFormat) && !kRegRow),
+                "only the V4.1 layouts' rows split over lane groups");
 
   // The first 8 bytes of the plan record (seq_len, second word), guessed before the wait
   // (load_early; a plan that may be unaligned is only read after the wait).
@@ -280,23 +315,33 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
   const int64_t loc = a.loc64 ? int64_t((uint64_t(loc_bits.y) << 32) | loc_bits.x)
                               : int64_t(int32_t(loc_bits.x));
   const CacheSlot slot = store_slot_of(loc, a.dcp, a.log2_page_size, a.num_pages);
-  if (slot.page < 0) return;  // negative, another rank's or past the cache: writes nothing
+  constexpr bool kLayoutFormat = store_format_is_layout(kFormat);
+  // Negative, another rank's or past the cache: writes nothing. A V4.1 layout's row is encoded
+  // whether or not it is stored (its norm and encoding do not wait for the slot).
+  const bool writes = slot.page >= 0;
+  if (!kLayoutFormat && !writes) return;
   const int64_t off = slot.off;
   uint8_t* page_base = a.cache + slot.page * a.page_bytes;
-  constexpr bool kLayoutFormat = store_format_is_layout(kFormat);
   constexpr int kLayout = store_format_layout(kFormat);
   uint8_t* data = page_base + (kLayoutFormat ? layout_data_offset(kLayout, off)
                                              : store_data_offset(kFormat, off));
   uint8_t* scales = page_base + (kLayoutFormat ? layout_scale_offset(kLayout, a.page_size, off)
                                                : store_scale_offset(kFormat, a.page_size, off));
 
+  if constexpr (kRowGroups > 1) {
+    float y1[1][4];
+    store_norm_rope_v41_chunk<KvT>(x, w, f, rope_lane, a.eps, chunk, y1);
+    low_ratio::encode_store_chunks<layout_encoding(kLayout), 1>(y1, chunk, lane,
+                                                                {data, scales}, a.vec_out, writes);
+    return;
+  }
   float y[kJ][4];
   if constexpr (kLayoutFormat) store_norm_rope_v41<KvT>(x, w, f, rope_lane, a.eps, y);
   else norm_rope<kJ>(x, w, f, rope_lane, a.eps, y);
   if constexpr (kLayoutFormat) {
     // one lane group holds the token's four chunks (0..3)
     low_ratio::encode_store_chunks<layout_encoding(kLayout), kJ>(y, 0, lane, {data, scales},
-                                                                 a.vec_out);
+                                                                 a.vec_out, writes);
   } else if constexpr (kFormat == kStoreFp8DsMla) {
     // bf16-round first; one UE8M0 scale per 64 dims = 16 lanes of one chunk. All chunks'
     // amaxes, exponents and codes first, then the stores: a store between two chunks (its
@@ -388,12 +433,15 @@ DSV4_DEVICE void store_block_rows(const StoreKernelArgs& a, int64_t first, int r
   if (g < rows) store_row<kFormat, KvT, false>(a, first + g, int(threadIdx.x) % kLaneGroup);
 }
 
-template <int kFormat, typename KvT>
+// kRowGroups lane groups a token (1, or 4 for a V4.1 layout's launch of few rows: launch_store).
+template <int kFormat, typename KvT, int kRowGroups = 1>
 __global__ void __launch_bounds__(kStoreMaxBlockThreads, store_min_blocks(kFormat))
     compress_norm_rope_store_kernel(StoreKernelArgs a) {
   const int lane = int(threadIdx.x) % kLaneGroup;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
-  store_row<kFormat, KvT, true>(a, t, lane);
+  const int64_t group =
+      int64_t(blockIdx.x) * (blockDim.x / kLaneGroup) + threadIdx.x / kLaneGroup;
+  store_row<kFormat, KvT, true, false, kRowGroups>(a, group / kRowGroups, lane, nullptr,
+                                                   int(group % kRowGroups));
 }
 
 }  // namespace dsv4
