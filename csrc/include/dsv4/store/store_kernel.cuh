@@ -130,7 +130,7 @@ DSV4_DEVICE void norm_rope(const float (&x)[kJ][4], const float (&w)[kJ][4], con
 
 // The rows of a V4.1 layout (contract V4.1 4.2): w' = w rounded to kv's dtype, y = x * inv * w'
 // rounded to kv's dtype, the RoPE dims rotated and rounded to it again. inv: every lane's 16
-// values one sum-of-squares chain, then the group's butterfly (the reference store's order).
+// values one sum-of-squares chain, then the group's butterfly.
 DSV4_DEVICE float store_v41_rms_inv(const float (&x)[4][4], float eps) {
   float acc = 0.0f;
 #pragma unroll
