@@ -76,8 +76,8 @@ DSV4_HD constexpr int64_t layout_data_offset(int layout, int64_t off) {
   return off * layout_row_addressing(layout, 0).data_stride;
 }
 DSV4_HD constexpr int64_t layout_scale_offset(int layout, int64_t page_size, int64_t off) {
-  return layout_row_addressing(layout, page_size).scale_base +
-         off * layout_row_addressing(layout, page_size).scale_stride;
+  const LayoutRowAddressing a = layout_row_addressing(layout, page_size);
+  return a.scale_base + off * a.scale_stride;
 }
 // Whether the layout stores the fp4 fake-quantised row of a ratio-1/2 latent (the fp8-style
 // layouts) rather than the rotated row itself (the fp4 layouts).
