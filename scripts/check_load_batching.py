@@ -24,8 +24,8 @@ conversion or test of one loaded value placed among them makes the thread wait f
 before it issues the rest: one more round trip per decode step. The check follows the code
 from the wait (falling through conditional branches, taking unconditional ones) and finds the
 first instruction that waits on the scoreboard of a load issued after the wait;
-3 + 2 * (head_dim / 128) loads (record, out_loc entry, rope pair, weights, row) must be out by
-then. The scalar twins of the vector loads (an unaligned tensor's path, predicated on the
+3 + 2 * (head_dim / 128) loads (record, out_loc entry, rope pair, weights, row; a split V4.1
+row's lane group: one chunk's weights) must be out by then. The scalar twins of the vector loads (an unaligned tensor's path, predicated on the
 negation of a vector load's predicate) do not count.
 """
 import re
@@ -131,11 +131,13 @@ def main() -> int:
     checked, bad = 0, []
     stores = 0
     for name, ins, lines in functions(cuobjdump, path):
-        m = re.search(r"compress_norm_rope_store_kernelILi(\d)E", name)
+        m = re.search(r"compress_norm_rope_store_kernelILi(\d)E[a-z]Li(\d)E", name)
         if m:
             # Formats 0 (fp8_ds_mla), 1 (bf16) and 4.. (fp8_ds_mla rows in a V4.1 layout,
-            # store_layout_format) have head_dim 512, the indexers (2, 3) 128.
-            need = 3 + 2 * (1 if int(m.group(1)) in (2, 3) else 4)
+            # store_layout_format) have head_dim 512, the indexers (2, 3) 128. A split row's
+            # lane group (kRowGroups 4) loads one chunk's weights, the whole row.
+            chunks = 1 if int(m.group(1)) in (2, 3) else 4
+            need = 3 + chunks + (1 if int(m.group(2)) > 1 else chunks)
             issued, err = store_round(lines)
             stores += 1
             if err or issued < need:

@@ -157,6 +157,39 @@ def test_c1_kv_store_index_k_byte_identical(layout, rows):
         lr.assert_same_bits(a, b, f"{layout.value}: {name}")
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("rows", [1, 7, -1, 0], ids=["1", "7", "wave-1", "wave"])
+@pytest.mark.parametrize("layout", lr.LAYOUTS, ids=lr.LAYOUT_IDS)
+def test_kv_store_row_mappings_byte_identical(layout, rows, aligned):
+    """kv_store in both row mappings (four lane groups a row below one wave of rows, one from
+    there); inputs at an odd element offset take the scalar loads."""
+    g = lr.gen(125)
+    n = rows if rows > 0 else _wave_rows() + rows
+    ps = 64
+    pages = n // ps + 2
+    loc = torch.randperm(pages * ps, generator=g)[:n] - 2          # -2, -1 and 0 among them
+    cache = lr.cache_for(layout, pages, ps, g)
+    rope = layout.value not in ("v4", "uniform_fp8")
+    x32 = torch.randn(n, lr.HD, generator=g) * 4
+    fr = lr.random_freqs(n, g)
+    out = {}
+    for dev in ("cpu", CUDA):
+        for name, x in (("fp32", x32), ("bf16", x32.bfloat16())):
+            c = cache.clone().to(dev)
+            xd = x.to(dev) if aligned else _at_offset(x, dev)
+            fd = (fr.to(dev) if aligned else _at_offset(fr, dev)) if rope else None
+            lr.OPS.kv_store(xd, loc.to(dev), fd, c, ps, layout.value)
+            out[dev, name] = c
+    for name in ("fp32", "bf16"):
+        lr.assert_same_bits(out[CUDA, name], out["cpu", name], f"{layout.value}: kv_store {name}")
+
+
+def _at_offset(t: torch.Tensor, dev) -> torch.Tensor:
+    """t's values on dev in a tensor whose data starts one element past an allocation."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=dev)
+    flat[1:] = t.flatten().to(dev)
+    return flat[1:].view(t.shape)
+
 def _store_split_rows() -> int:
     """The most rows for which compress_norm_rope_store runs a V4.1 layout's row in four lane
     groups (store_kernel.cuh, kStoreSplitRowsPerSm: 2 rows an SM)."""

@@ -207,7 +207,7 @@ void c2_norm_rope_store_cuda(const at::Tensor& kv_score, at::Tensor& state,
   C2KernelArgs a;
   a.out = latent_outputs(g, norm_weight, eps, freqs, kvcache, latent);
   a.in = pair_inputs(g, kv_score, state, positions, req, raw_out_loc);
-  a.draft_len = g.draft_len;
+  a.draft_len = make_divisor(g.draft_len);
   const LaunchEnv env = launch_env(kvcache);
   launch_for_encoding<C2Kernels>(
       g.layout, latent_row_launch(g.n_rows, DSV4_LR_WIDE_PAIR_ROWS_MIN, env, kC2Op, "kv_score"),

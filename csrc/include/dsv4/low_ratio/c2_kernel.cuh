@@ -12,6 +12,7 @@
 // Instantiation: c2_norm_rope_store_kernel<Encoding, Chunks> (as c1's).
 #pragma once
 
+#include "../plan_math.h"
 #include "row_encode.cuh"
 
 #if defined(DSV4_GPU_COMPILER)
@@ -21,7 +22,7 @@ namespace dsv4 {
 struct C2KernelArgs {
   low_ratio::LatentOutputs out;
   low_ratio::PairInputs in;
-  int64_t draft_len;
+  Divisor draft_len;  // make_divisor(draft_len): a block's rows found by a multiply
 };
 
 template <int kEncoding, int kChunks>
@@ -42,10 +43,12 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     // The row's own inputs go out with its indices (a padded row's are in bounds and unused).
     PairPart<kChunks> own;
     load_pair_part(in.row(t), r, in.vec_in, own);
+    // Inside a verify block, not its head (always false for draft_len 1): a multiply while the
+    // indices load. Row indices fit 31 bits (a row is 4 KB).
+    const bool in_block = mod32(uint32_t(t), a.draft_len) != 0;
     if (raw > 0 && pos % 2 == 0) {
       in.park(rid, pos, r, own);
     } else if (raw > 0) {
-      const bool in_block = a.draft_len > 1 && t % a.draft_len != 0;
       const float* partner = in_block ? in.row(t - 1) : in.ring_row(rid, pos - 1);
       closes = partner != nullptr;
       if (closes)

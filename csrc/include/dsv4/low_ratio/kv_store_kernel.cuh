@@ -72,14 +72,15 @@ __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax, kv_store_min_bloc
   pdl_wait();
   pdl_trigger();
   if (r.row >= a.n_rows) return;
-  const int64_t loc = load_index(a.loc, a.loc64, r.row);
 #if DSV4_LR_EARLY_INPUT
-  // The row and its RoPE pairs go out with the index (in bounds whatever loc is): one memory
-  // round trip before the encoding instead of two.
+  // The row and its RoPE pairs go out before the index (in bounds whatever loc is): one memory
+  // round trip before the encoding instead of two (issued after it, the pairs' load waited
+  // behind the first test of loc in the machine code).
   RowPart<kChunks> v;
   float f[4];
   load_kv_store_row<kBf16, kChunks>(a, r, v, f);
 #endif
+  const int64_t loc = load_index(a.loc, a.loc64, r.row);
   RowDestination d;
   if (!row_destination(a.cache, loc, a.dcp, a.rows, a.log2_page_size, a.num_pages,
                        a.page_bytes, &d))

@@ -162,22 +162,19 @@ DSV4_DEVICE void store_norm_rope_v41(const float (&x)[4][4], const float (&w)[4]
 #pragma unroll
   for (int j = 0; j < 4; ++j) store_v41_chunk<KvT>(x[j], w[j], inv, f, rope_lane && j == 3, y[j]);
 }
-// The same for chunk g of the token only (the row groups of a split launch).
+// The same for chunk g of the token only (the row groups of a split launch); wg: chunk g's
+// norm weights.
 template <typename KvT>
-DSV4_DEVICE void store_norm_rope_v41_chunk(const float (&x)[4][4], const float (&w)[4][4],
+DSV4_DEVICE void store_norm_rope_v41_chunk(const float (&x)[4][4], const float (&wg)[4],
                                            const float (&f)[4], bool rope_lane, float eps, int g,
                                            float (&y)[1][4]) {
   const float inv = store_v41_rms_inv(x, eps);
-  float xg[4], wg[4];
+  float xg[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {  // chunk g's values by selects (no indexed register array)
     xg[k] = x[0][k];
-    wg[k] = w[0][k];
 #pragma unroll
-    for (int j = 1; j < 4; ++j) {
-      xg[k] = g == j ? x[j][k] : xg[k];
-      wg[k] = g == j ? w[j][k] : wg[k];
-    }
+    for (int j = 1; j < 4; ++j) xg[k] = g == j ? x[j][k] : xg[k];
   }
   store_v41_chunk<KvT>(xg, wg, inv, f, rope_lane && g == 3, y[0]);
 }
@@ -258,16 +255,19 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
     seq_len = q.x;
     word1 = q.y;
   }
+  // A split row's group loads only its own chunk's weights (into w_bits[0]).
+  constexpr int kWJ = kRowGroups > 1 ? 1 : kJ;
   uint32_t w_bits[kJ][4], x_bits[kJ][4];
   const KvT* row = static_cast<const KvT*>(a.kv) + t * kHd;
   const auto load_inputs = [&] {
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) {
+    for (int j = 0; j < kWJ; ++j) {
+      const int wj = kRowGroups > 1 ? chunk : j;
       if (a.w_bf16)
-        load_bits(static_cast<const uint16_t*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in,
+        load_bits(static_cast<const uint16_t*>(a.norm_weight) + lane_dim(wj, lane, 0), a.vec_in,
                   w_bits[j]);
       else
-        load_bits(static_cast<const float*>(a.norm_weight) + lane_dim(j, lane, 0), a.vec_in,
+        load_bits(static_cast<const float*>(a.norm_weight) + lane_dim(wj, lane, 0), a.vec_in,
                   w_bits[j]);
     }
     if constexpr (!kRegRow) {
@@ -289,7 +289,8 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
       return false;
     if (a.loc64) loc_bits = static_cast<const uint2*>(a.out_loc)[loc_index];
     else loc_bits.x = static_cast<const uint32_t*>(a.out_loc)[loc_index];
-    if (rope_lane) load4(a.freqs + pos * kRopeDim + 4 * (lane - kLaneGroup / 2), a.vec_in, f);
+    if (rope_lane && (kRowGroups == 1 || chunk == kJ - 1))
+      load4(a.freqs + pos * kRopeDim + 4 * (lane - kLaneGroup / 2), a.vec_in, f);
     return true;
   };
   bool stores = load_target(guess.x, guess.y);
@@ -304,7 +305,7 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
   float w[kJ][4], x[kJ][4];
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
-    bits_to_f32(w_bits[j], a.w_bf16, w[j]);
+    if (j < kWJ) bits_to_f32(w_bits[j], a.w_bf16, w[j]);
     if constexpr (kRegRow) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) x[j][k] = x_reg[4 * j + k];
@@ -330,7 +331,7 @@ DSV4_DEVICE void store_row(const StoreKernelArgs& a, int64_t t, int lane,
 
   if constexpr (kRowGroups > 1) {
     float y1[1][4];
-    store_norm_rope_v41_chunk<KvT>(x, w, f, rope_lane, a.eps, chunk, y1);
+    store_norm_rope_v41_chunk<KvT>(x, w[0], f, rope_lane, a.eps, chunk, y1);
     low_ratio::encode_store_chunks<layout_encoding(kLayout), 1>(y1, chunk, lane,
                                                                 {data, scales}, a.vec_out, writes);
     return;
