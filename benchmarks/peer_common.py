@@ -356,10 +356,11 @@ def fmt(x, nd=1):
 
 
 def env_line(info: Dict[str, Any], ceiling: Optional[Dict[str, Any]]) -> str:
-    """The GPU, the reference's version, torch, the copy bandwidth and the time of a run."""
+    """The GPU, the reference's version, torch, the copy bandwidth and the dsv4_ops files of a
+    run (common.git_tree; the run's time stays in the JSON)."""
     return (f"GPU {info.get('gpu')}; sglang {info.get('sglang_version')}; torch "
             f"{info.get('torch')}; copy bandwidth {fmt(ceiling and ceiling.get('gbps'), 0)} GB/s; "
-            f"{info.get('time')}")
+            f"dsv4_ops {info.get('git', '?')}")
 
 
 def md_row(r: Dict[str, Any], cols) -> str:

@@ -199,7 +199,7 @@ def markdown(joined, checks, info, copy_gbps, summary) -> List[str]:
     lines = ["# dsv4_ops vs the reference engine (sglang) kernels", "",
              f"GPU {info.get('gpu')}; sglang {info.get('sglang_version')}; "
              f"torch {info.get('torch')}; "
-             f"copy bandwidth {c(copy_gbps, 0)} GB/s; {info.get('time')}", "",
+             f"copy bandwidth {c(copy_gbps, 0)} GB/s; dsv4_ops {info.get('git', '?')}", "",
              "Times are medians in microseconds: cold = L2 flushed before each call (wall = host "
              "wall clock incl. synchronize, for planners fed host lengths); graph = per call in a "
              "CUDA-graph replay. ratio = sglang / dsv4 (> 1: dsv4_ops faster). Bytes: the "
@@ -271,7 +271,8 @@ def main(argv=None) -> int:
         ap.error(f"--apis: choose from {APIS}")
     os.makedirs(args.out, exist_ok=True)
     peer_dir = os.path.abspath(args.peer_dir)
-    info: Dict[str, Any] = {"peer_dir": peer_dir, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    info: Dict[str, Any] = {"peer_dir": peer_dir, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                            "git": C.git_tree()}
 
     # -- imports: the harness, then (stub-first) sglang, then dsv4_ops -----------------
     try:

@@ -175,7 +175,7 @@ def write_markdown(path: str, rows, info: Dict[str, Any], copy: Dict[str, Any],
     lines = ["# dsv4_ops benchmarks", ""]
     dev = info.get("gpu") or info.get("device")
     lines.append(f"device: {dev}; torch {info.get('torch')} (cuda {info.get('torch_cuda')}); "
-                 f"dsv4_ops git {info.get('git', '?')}; {info.get('time')}")
+                 f"dsv4_ops git {info.get('git', '?')}")
     if copy.get("gbps"):
         lines.append(f"copy bandwidth (device-to-device, read+write): {copy['gbps']:.0f} GB/s")
     lines += ["", "time us: cold-L2 median (CPU: wall-clock median); graph us: per call, "

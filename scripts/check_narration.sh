@@ -16,7 +16,9 @@
 #   3. "the issue's" (the task the code was written for is not part of the product);
 #   4. "../shared" and "shared/seed", "shared/peer", "shared/SPEC" (files outside the
 #      repository);
-#   5. performance_log.md (replaced by docs/design/).
+#   5. performance_log.md (replaced by docs/design/);
+#   6. calendar dates (YYYY-MM-DD) in the documentation (*.md): a measurement names the commit
+#      or tree it ran on; when it ran is git's history.
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -55,5 +57,7 @@ report "the word session" < <(git grep -I -n -i -E 'session' "${PATHS[@]}" | awk
     gsub(/InferenceSession|SessionOptions|requests\.Session/, "", text)
     if (tolower(text) ~ /session/) print $0
   }')
+report "dates in the documentation" \
+  < <(git grep -I -n -E '(19|20)[0-9]{2}-[01][0-9]-[0-3][0-9]' "${PATHS[@]}" | grep -E '^[^:]*\.md:')
 
 exit $found

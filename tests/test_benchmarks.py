@@ -3,6 +3,7 @@ every family's script runs, every row is measured without an error or a failed o
 and the table is written. Timings are not asserted: performance targets live in benchmarks/."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -41,6 +42,7 @@ def test_benchmark_runner_smoke(tmp_path):
                                                                    "spec"}
     table = (tmp_path / "results.md").read_text()
     assert "compress_prefill" in table and "store_decode" in table
+    _names_tree_not_date(table)
 
 
 def test_benchmark_runner_beside_the_reference(tmp_path):
@@ -165,7 +167,18 @@ def test_low_ratio_selftest(tmp_path):
     assert {r["op"] for r in rows} == {"c1", "c1_prefill", "c2", "c2_verify", "c2_prefill",
                                        "index_k", "index_k_prefill", "kv_store", "cnrs"}
     assert all(r["conform"] == "ok" and not r["note"] for r in rows)
-    assert "c2/v41_fp4/ps64/p3x40" in (tmp_path / "low_ratio.md").read_text()
+    table = (tmp_path / "low_ratio.md").read_text()
+    assert "c2/v41_fp4/ps64/p3x40" in table
+    _names_tree_not_date(table)
+
+
+def _names_tree_not_date(table: str) -> None:
+    """A generated table's header names the dsv4_ops files it measured (common.git_tree:
+    'HEAD, tree T', '?' outside a git checkout) and no calendar date (a run's time stays in
+    its JSON)."""
+    head = "\n".join(table.splitlines()[:4])
+    assert re.search(r"dsv4_ops (git )?(\w+, tree [0-9a-f]{12}|\?)", head), head
+    assert not re.search(r"\d{4}-\d\d-\d\d", head), head
 
 
 def test_store_match_verdict():

@@ -199,7 +199,8 @@ DSV4_DEVICE uint2 plan_head(const StoreKernelArgs& a, int64_t t) {
 // kRegRow (fused kernels whose pooling threads are the lane group, hd 128): the row's values are
 // this lane's x_reg, as the rows buffer of type KvT holds them, and the row is not loaded.
 // kRowGroups 4 (a V4.1 layout, store_cuda.cu launch_store): four lane groups a token, the
-// calling one its chunk `chunk`; each loads the whole token for the RMS sum, encodes its chunk.
+// calling one its chunk `chunk`; each loads the whole token for the RMS sum (its own chunk's
+// weights only), encodes its chunk.
 // One body (about 180 lines): with the format writes split into functions nvcc schedules the fp8
 // instances' code differently, so the cache writes stay inline.
 template <int kFormat, typename KvT, bool kInKernel, bool kRegRow = false, int kRowGroups = 1>
