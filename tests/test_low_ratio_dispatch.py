@@ -31,6 +31,21 @@ def _assert_same_writes(op, args_a, args_b, what):
         lr.assert_same_bits(args_a[i], args_b[i], f"{what}: argument {i}")
 
 
+def _assert_writes_only_outputs(op, args, what):
+    """One launch of op on args changes every (a!) argument (there is one) and no other."""
+    before = _clone(args)
+    op(*args)
+    written = _mutated(op, args)
+    assert written, what
+    for i, (a, b) in enumerate(zip(args, before)):
+        if not isinstance(a, torch.Tensor):
+            continue
+        if i in written:
+            assert not torch.equal(lr.as_bytes(a), lr.as_bytes(b)), f"{what}: {i} unwritten"
+        else:
+            lr.assert_same_bits(a, b, f"{what}: input argument {i}")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_opcheck(device, name):
     op, args = _sample(device, name)
@@ -40,18 +55,7 @@ def test_opcheck(device, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_samples_write_and_mutate_only_their_outputs(device, name):
     """Each sample's launch writes something, and only the (a!) arguments change."""
-    op, args = _sample(device, name)
-    before = _clone(args)
-    op(*args)
-    written = _mutated(op, args)
-    assert written, name
-    for i, (a, b) in enumerate(zip(args, before)):
-        if not isinstance(a, torch.Tensor):
-            continue
-        if i in written:
-            assert not torch.equal(lr.as_bytes(a), lr.as_bytes(b)), f"{name}: {i} unwritten"
-        else:
-            lr.assert_same_bits(a, b, f"{name}: input argument {i}")
+    _assert_writes_only_outputs(*_sample(device, name), name)
 
 
 @pytest.mark.parametrize("name", NAMES)
