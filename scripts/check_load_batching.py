@@ -25,8 +25,9 @@ before it issues the rest: one more round trip per decode step. The check follow
 from the wait (falling through conditional branches, taking unconditional ones) and finds the
 first instruction that waits on the scoreboard of a load issued after the wait;
 3 + 2 * (head_dim / 128) loads (record, out_loc entry, rope pair, weights, row; a split V4.1
-row's lane group: one chunk's weights) must be out by then. The scalar twins of the vector loads (an unaligned tensor's path, predicated on the
-negation of a vector load's predicate) do not count.
+row's lane group: one chunk's weights) must be out by then. The scalar twins of the vector
+loads (an unaligned tensor's path, predicated on the negation of a vector load's predicate) do
+not count.
 """
 import re
 import subprocess

@@ -75,6 +75,14 @@ def cache_for(layout, pages: int, page_size: int, g: torch.Generator) -> torch.T
 # ---------------------------------------------------------------------------------------
 # Conformance
 # ---------------------------------------------------------------------------------------
+def at_odd_offset(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t that starts one element into its storage (no vector access is aligned)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = buf[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     t = t.detach().cpu().contiguous()
     return t.reshape(-1).view(torch.uint8) if t.numel() else t.new_zeros(0, dtype=torch.uint8)

@@ -15,6 +15,8 @@ from dsv4_ops import (Compressor, CompressorDecodePlan, CompressorPrefillPlan, K
                       compress_and_store, compress_forward, compress_norm_rope_store)
 from dsv4_ops.testing import worlds
 
+from low_ratio_cases import at_odd_offset
+
 F32, BF16 = torch.float32, torch.bfloat16
 SPS = 64  # SWA page size
 
@@ -248,14 +250,6 @@ def test_dcp_ranks_equal_pair(device, fmt, layout, decode):
     assert stored == ws, "a rank stored nothing: the test proves less than it says"
 
 
-def _at_odd_offset(t: torch.Tensor) -> torch.Tensor:
-    """A copy of t that starts one element into its storage (no vector access is aligned)."""
-    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    v = buf[1:].view(t.shape)
-    v.copy_(t)
-    return v
-
-
 @pytest.mark.parametrize("form", ["bf16_weight", "int32_out_loc", "unaligned"])
 @pytest.mark.parametrize("cr,hd,addressing,fmt", [
     (4, 512, "swa_paged", "fp8_ds_mla"), (4, 512, "legacy", "bf16"),
@@ -276,8 +270,8 @@ def test_argument_forms_equal_pair(device, cr, hd, addressing, fmt, form):
     elif form == "int32_out_loc":
         out_loc = out_loc.to(torch.int32)
     else:
-        extra.update(norm_weight=_at_odd_offset(w.norm_weight), freqs=_at_odd_offset(w.freqs),
-                     copy_cache=_at_odd_offset)
+        extra.update(norm_weight=at_odd_offset(w.norm_weight), freqs=at_odd_offset(w.freqs),
+                     copy_cache=at_odd_offset)
     cache, pair, fused = run_both(w, plan, kv_in, out_loc, fmt, "v4", F32, **extra)
     assert_same(w, cache, pair, fused, True)
 

@@ -174,21 +174,16 @@ def test_kv_store_row_mappings_byte_identical(layout, rows, aligned):
     fr = lr.random_freqs(n, g)
     out = {}
     for dev in ("cpu", CUDA):
+        def place(t):
+            return t.to(dev) if aligned else lr.at_odd_offset(t.to(dev))
         for name, x in (("fp32", x32), ("bf16", x32.bfloat16())):
             c = cache.clone().to(dev)
-            xd = x.to(dev) if aligned else _at_offset(x, dev)
-            fd = (fr.to(dev) if aligned else _at_offset(fr, dev)) if rope else None
-            lr.OPS.kv_store(xd, loc.to(dev), fd, c, ps, layout.value)
+            lr.OPS.kv_store(place(x), loc.to(dev), place(fr) if rope else None, c, ps,
+                            layout.value)
             out[dev, name] = c
     for name in ("fp32", "bf16"):
         lr.assert_same_bits(out[CUDA, name], out["cpu", name], f"{layout.value}: kv_store {name}")
 
-
-def _at_offset(t: torch.Tensor, dev) -> torch.Tensor:
-    """t's values on dev in a tensor whose data starts one element past an allocation."""
-    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=dev)
-    flat[1:] = t.flatten().to(dev)
-    return flat[1:].view(t.shape)
 
 def _store_split_rows() -> int:
     """The most rows for which compress_norm_rope_store runs a V4.1 layout's row in four lane
