@@ -9,6 +9,12 @@ from dsv4_ops.testing import worlds
 SWA_PAGE = 64           # tokens per SWA page (== full-cache page here)
 
 
+def output_buffer(shape, device):
+    """An output argument filled with a value no op writes: torch.empty may hand back the memory
+    of an earlier launch's output holding the same bytes, hiding whether this launch wrote."""
+    return torch.full(shape, -1234.5, device=device)
+
+
 def make_world(device, compress_ratio: int = 4, head_dim: int = 128,
                state_dtype=torch.float32, input_dtype=torch.float32, seed: int = 0
                ) -> worlds.World:
@@ -139,8 +145,8 @@ def cp_samples(device):
         cp = ContextParallelPlan.generate(plan, mine, w.num_q, read_state=rank == 0)
         samples[f"compress_partials_c{cr}"] = (ops.compress_partials, (
             w.state, w.kv_in[mine].contiguous(), cp.input_rows, w.ape, cp.plan_c, cp.plan_w,
-            torch.empty((3, cp.plan_c.shape[0], hd), device=dev),
-            torch.empty((cp.plan_w.shape[0], w.kv_score_row_width), device=dev), hd, cr,
+            output_buffer((3, cp.plan_c.shape[0], hd), dev),
+            output_buffer((cp.plan_w.shape[0], w.kv_score_row_width), dev), hd, cr,
             cp.read_state))
     g = torch.Generator().manual_seed(7)
     ranks, windows, hd = 3, 5, 128
@@ -150,10 +156,10 @@ def cp_samples(device):
     partials[1, 1:, :2] = 0.0
     partials = partials.to(dev)
     samples["merge_partials_rows"] = (ops.merge_partials, (
-        partials, None, torch.empty((windows, hd), device=dev)))
+        partials, None, output_buffer((windows, hd), dev)))
     samples["merge_partials_rebase"] = (ops.merge_partials, (
         partials[:1].contiguous(), partials[:, 0].amax(0).contiguous(),
-        torch.empty((3, windows, hd), device=dev)))
+        output_buffer((3, windows, hd), dev)))
     return samples
 
 
@@ -209,7 +215,7 @@ def fused_samples(device):
             plan = dsv4_ops.CompressorDecodePlan.generate(cr, w.rid, w.req_to_token,
                                                           w.full_to_state, w.seq_lens, SWA_PAGE,
                                                           w.ring)
-        out = torch.empty((2, hd), device=dev) if with_out else None
+        out = output_buffer((2, hd), dev) if with_out else None
         samples[name] = (ops.compress_and_store, (
             state, w.kv_in, w.ape, plan.plan_d, None, w.norm_weight, w.freqs_real, w.out_loc,
             _fused_cache(w, fmt, layout), out, hd, cr, online, 1e-6, w.cache_page_size, fmt,
@@ -231,7 +237,7 @@ def fused_samples(device):
         out_loc = torch.cat([w.out_loc, torch.full((3,), -1, dtype=w.out_loc.dtype, device=dev)])
         samples[name] = (ops.compress_and_store, (
             w.state, kv_in, w.ape, plan.plan_c, plan.plan_w, w.norm_weight, w.freqs_real, out_loc,
-            _fused_cache(w, fmt, "v4"), torch.empty((w.num_q + 3, hd), device=dev), hd, cr,
+            _fused_cache(w, fmt, "v4"), output_buffer((w.num_q + 3, hd), dev), hd, cr,
             False, 1e-6, w.cache_page_size, fmt))
     return samples
 
