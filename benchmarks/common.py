@@ -134,27 +134,45 @@ class Timer:
         return stats(ts)
 
     def cold(self, fn: Callable[[], Any], reps: int, warmup: int) -> Dict[str, float]:
-        if not self.is_cuda:
-            return self.wall(fn, reps, warmup)
-        for _ in range(warmup):
-            fn()
-        torch.cuda.synchronize(self.device)
-        reps = max(1, reps)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
-            self.flush.zero_()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize(self.device)
-        return stats([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+        return self.cold_each({"fn": fn}, reps, warmup)["fn"]
+
+    def cold_each(self, fns: Dict[str, Callable[[], Any]], reps: int, warmup: int
+                  ) -> Dict[str, Dict[str, float]]:
+        """cold() of every call, interleaved: repetition i times each call once, in an order
+        rotated by i, so clock drift and the order of the calls fall on all of them alike."""
+        names = list(fns)
+        for name in names:
+            for _ in range(warmup):
+                fns[name]()
+        self.sync()
+        samples: Dict[str, list] = {n: [] for n in names}
+        for i in range(max(1, reps)):
+            for name in _rotated(names, i):
+                if not self.is_cuda:
+                    t0 = time.perf_counter()
+                    fns[name]()
+                    samples[name].append((time.perf_counter() - t0) * 1e6)
+                    continue
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                self.flush.zero_()
+                start.record()
+                fns[name]()
+                end.record()
+                samples[name].append((start, end))
+        self.sync()
+        if self.is_cuda:
+            samples = {n: [s.elapsed_time(e) * 1e3 for s, e in ev] for n, ev in samples.items()}
+        return {n: stats(t) for n, t in samples.items()}
 
     def graph(self, fn: Callable[[], Any], per_graph: int, replays: int
               ) -> Optional[Dict[str, float]]:
         """Per-call time of `per_graph` back-to-back calls captured in one CUDA graph."""
         if not self.is_cuda:
             return None
+        return self.graph_each({"fn": fn}, per_graph, replays)["fn"]
+
+    def capture(self, fn: Callable[[], Any], per_graph: int) -> "torch.cuda.CUDAGraph":
+        """A CUDA graph of `per_graph` back-to-back calls of fn, replayed twice."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -169,17 +187,31 @@ class Timer:
         for _ in range(2):
             g.replay()
         torch.cuda.synchronize(self.device)
-        replays = max(1, replays)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        for i in range(replays):
-            starts[i].record()
-            g.replay()
-            ends[i].record()
+        return g
+
+    def graph_each(self, graphs: Dict[str, Any], per_graph: int, replays: int
+                   ) -> Dict[str, Dict[str, float]]:
+        """Per-call graph times of every entry (a call, captured here, or a graph capture()
+        made), the replays interleaved in rotated order as in cold_each."""
+        graphs = {n: g if isinstance(g, torch.cuda.CUDAGraph) else self.capture(g, per_graph)
+                  for n, g in graphs.items()}
+        names = list(graphs)
+        events = {n: [] for n in names}
+        for i in range(max(1, replays)):
+            for name in _rotated(names, i):
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                graphs[name].replay()
+                end.record()
+                events[name].append((start, end))
         torch.cuda.synchronize(self.device)
-        ts = [s.elapsed_time(e) * 1e3 / per_graph for s, e in zip(starts, ends)]
-        del g
-        return stats(ts)
+        return {n: stats([s.elapsed_time(e) * 1e3 / per_graph for s, e in ev])
+                for n, ev in events.items()}
+
+
+def _rotated(names: List[str], i: int) -> List[str]:
+    k = i % len(names)
+    return names[k:] + names[:k]
 
 
 def copy_bandwidth(timer: Timer, nbytes: Optional[int] = None, reps: int = 10) -> Dict[str, Any]:

@@ -185,19 +185,6 @@ def copy_floor_us(timer: C.Timer, s: Settings, nbytes: int) -> Optional[float]:
     return s.floors[key]
 
 
-def time_fn(timer: C.Timer, s: Settings, fn, big: bool) -> Dict[str, Any]:
-    out: Dict[str, Any] = {"cold_us": timer.cold(fn, s.reps_big if big else s.reps, s.warmup)}
-    if timer.is_cuda and not s.no_graph:
-        try:
-            out["graph_us"] = timer.graph(fn, 3 if big else 20, s.graph_replays)
-        except Exception as e:  # noqa: BLE001
-            out["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            lost = C.device_healthy(timer.device)
-            if lost:
-                raise C.DeviceLost(lost) from e
-    return out
-
-
 def first_calls(starts: Dict[str, Callable[[], Tuple[Any, Callable[[], Any]]]], timer: C.Timer,
                 rec: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Callable[[], Any]]]:
     """({engine: outputs}, {engine: call}) after one call of every engine; starts[engine]()
@@ -231,14 +218,40 @@ def shared_input_calls(apis: Dict[str, Any], inp: Dict[str, Any], fresh, call, t
 
 def time_calls(fns: Dict[str, Callable[[], Any]], timer: C.Timer, s: Settings, big: bool,
                rec: Dict[str, Any]) -> None:
-    """rec[engine] = time_fn of every call (a failure noted as "<engine>_error")."""
-    for name, fn in fns.items():
+    """rec[engine] = {"cold_us", "graph_us"} of every call, the engines' repetitions
+    interleaved (Timer.cold_each, graph_each); a failure is noted as "<engine>_error", a graph
+    capture's as rec[engine]["graph_error"]."""
+    try:
+        cold = timer.cold_each(fns, s.reps_big if big else s.reps, s.warmup)
+    except C.DeviceLost:
+        raise
+    except Exception:  # noqa: BLE001 (time each alone to name the engine that fails)
+        cold = {}
+        for name, fn in fns.items():
+            try:
+                cold[name] = timer.cold(fn, s.reps_big if big else s.reps, s.warmup)
+            except Exception as e:  # noqa: BLE001
+                rec[f"{name}_error"] = f"timing: {type(e).__name__}: {str(e)[:300]}"
+                lost = C.device_healthy(timer.device)
+                if lost:
+                    raise C.DeviceLost(lost) from e
+    for name, st in cold.items():
+        rec[name] = {"cold_us": st}
+    if not timer.is_cuda or s.no_graph:
+        return
+    per_graph = 3 if big else 20
+    graphs = {}
+    for name in cold:
         try:
-            rec[name] = time_fn(timer, s, fn, big)
-        except C.DeviceLost:
-            raise
+            graphs[name] = timer.capture(fns[name], per_graph)
         except Exception as e:  # noqa: BLE001
-            rec[f"{name}_error"] = f"timing: {type(e).__name__}: {str(e)[:300]}"
+            rec[name]["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            lost = C.device_healthy(timer.device)
+            if lost:
+                raise C.DeviceLost(lost) from e
+    if graphs:
+        for name, st in timer.graph_each(graphs, per_graph, s.graph_replays).items():
+            rec[name]["graph_us"] = st
 
 
 # --------------------------------------------------------------------------------------
