@@ -18,8 +18,7 @@ from dsv4_ops.distributed import ContextParallelPlan, cp_compress, window_bound
 import cp_cases as cc
 import low_ratio_cases as lr
 from op_samples import cp_samples
-from test_low_ratio_dispatch import (_assert_same_writes, _assert_writes_only_outputs, _clone,
-                                     _mutated)
+from sample_tests import assert_same_writes, clone, mutated, sample_tests
 
 OPS = torch.ops.dsv4
 NAMES = sorted(cc.CASES)
@@ -241,31 +240,8 @@ def test_dcp_store_in_a_process_group(group_results, name):
 SAMPLES = sorted(cp_samples("cpu"))
 
 
-@pytest.mark.parametrize("name", SAMPLES)
-def test_opcheck(device, name):
-    op, args = cp_samples(device)[name]
-    torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("name", SAMPLES)
-def test_samples_write_only_their_outputs(device, name):
-    _assert_writes_only_outputs(*cp_samples(device)[name], name)
-
-
-@pytest.mark.parametrize("name", SAMPLES)
-def test_meta_tensors(name):
-    op, args = cp_samples("cpu")[name]
-    op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
-
-
-@pytest.mark.parametrize("name", SAMPLES)
-def test_compiled_equals_eager(device, name):
-    op, args = cp_samples(device)[name]
-    eager, compiled = _clone(args), _clone(args)
-    op(*eager)
-    torch._dynamo.reset()
-    torch.compile(lambda *a: op(*a), fullgraph=True, dynamic=False)(*compiled)
-    _assert_same_writes(op, eager, compiled, f"{name} compiled")
+test_opcheck, test_samples_write_only_their_outputs, test_meta_tensors, \
+    test_compiled_equals_eager = sample_tests(cp_samples)
 
 
 class _PartialsThenMerge(torch.nn.Module):
@@ -305,19 +281,19 @@ def test_cuda_graph_replay_equals_eager(name):
     from test_cuda_graph import _capture
 
     op, args = cp_samples(torch.device("cuda", 0))[name]
-    written = _mutated(op, args)
-    static = _clone(args)
+    written = mutated(op, args)
+    static = clone(args)
     graph, _ = _capture(lambda: op(*static))
     gen = torch.Generator(device="cuda").manual_seed(3)
     for _ in range(2):
         for i, a in enumerate(static):
             if isinstance(a, torch.Tensor) and i not in written and a.dtype == torch.float32:
                 a.normal_(generator=gen)
-        eager = _clone(static)
+        eager = clone(static)
         graph.replay()
         op(*eager)
         torch.cuda.synchronize()
-        _assert_same_writes(op, static, eager, f"{name} graph replay")
+        assert_same_writes(op, static, eager, f"{name} graph replay")
 
 
 def _nccl_graph_worker(rank, init_file, result_file):

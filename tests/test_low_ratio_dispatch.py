@@ -8,6 +8,8 @@ import torch
 from op_samples import low_ratio_samples
 
 import low_ratio_cases as lr
+from sample_tests import (assert_compiled_equals_eager, assert_same_writes, clone, mutated,
+                          sample_tests)
 
 NAMES = sorted(low_ratio_samples("cpu"))
 
@@ -16,74 +18,13 @@ def _sample(device, name):
     return low_ratio_samples(device)[name]
 
 
-def _mutated(op, args):
-    """Indices of the arguments the schema says the op writes."""
-    return [i for i, a in enumerate(op.default._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write]
-
-
-def _clone(args):
-    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def _assert_same_writes(op, args_a, args_b, what):
-    for i in _mutated(op, args_a):
-        lr.assert_same_bits(args_a[i], args_b[i], f"{what}: argument {i}")
-
-
-def _assert_writes_only_outputs(op, args, what):
-    """One launch of op on args changes every (a!) argument (there is one) and no other."""
-    before = _clone(args)
-    op(*args)
-    written = _mutated(op, args)
-    assert written, what
-    for i, (a, b) in enumerate(zip(args, before)):
-        if not isinstance(a, torch.Tensor):
-            continue
-        if i in written:
-            assert not torch.equal(lr.as_bytes(a), lr.as_bytes(b)), f"{what}: {i} unwritten"
-        else:
-            lr.assert_same_bits(a, b, f"{what}: input argument {i}")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_opcheck(device, name):
-    op, args = _sample(device, name)
-    torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_samples_write_and_mutate_only_their_outputs(device, name):
-    """Each sample's launch writes something, and only the (a!) arguments change."""
-    _assert_writes_only_outputs(*_sample(device, name), name)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_meta_tensors(name):
-    """The fakes accept the samples on the meta device and write nothing observable."""
-    op, args = _sample("cpu", name)
-    op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_compiled_equals_eager(device, name):
-    op, args = _sample(device, name)
-    eager, compiled = _clone(args), _clone(args)
-    op(*eager)
-    torch._dynamo.reset()
-    fn = torch.compile(lambda *a: op(*a), fullgraph=True, dynamic=False)
-    fn(*compiled)
-    _assert_same_writes(op, eager, compiled, f"{name} compiled")
+test_opcheck, test_samples_write_only_their_outputs, test_meta_tensors, \
+    test_compiled_equals_eager = sample_tests(low_ratio_samples)
 
 
 def test_compiled_dynamic_verify_equals_eager(device):
-    op, args = _sample(device, "c2_verify")
-    eager, compiled = _clone(args), _clone(args)
-    op(*eager)
-    torch._dynamo.reset()
-    fn = torch.compile(lambda *a: op(*a), fullgraph=True, dynamic=True)
-    fn(*compiled)
-    _assert_same_writes(op, eager, compiled, "c2_verify compiled (dynamic)")
+    assert_compiled_equals_eager(*_sample(device, "c2_verify"), "c2_verify (dynamic)",
+                                 dynamic=True)
 
 
 class _Step(torch.nn.Module):
@@ -142,8 +83,8 @@ def test_cuda_graph_replay_equals_eager(name):
     """Capture the launch, refill its float inputs in place, replay: eager's bytes."""
     dev = torch.device("cuda", 0)
     op, args = _sample(dev, name)
-    written = _mutated(op, args)
-    static = _clone(args)
+    written = mutated(op, args)
+    static = clone(args)
     saved = [static[i].clone() for i in written]
     from test_cuda_graph import _capture
     graph, _ = _capture(lambda: op(*static))     # runs the op once, then captures it
@@ -156,8 +97,8 @@ def test_cuda_graph_replay_equals_eager(name):
                 a.normal_(generator=gen)
         for i, v in zip(written, saved):
             static[i].copy_(v)
-        eager = _clone(static)
+        eager = clone(static)
         graph.replay()
         op(*eager)
         torch.cuda.synchronize()
-        _assert_same_writes(op, static, eager, f"{name} graph replay")
+        assert_same_writes(op, static, eager, f"{name} graph replay")

@@ -385,37 +385,13 @@ def test_wider_than_the_ring_corrupts():
 # ---- the ops through PyTorch's machinery -------------------------------------------------------
 
 from op_samples import spec_samples  # noqa: E402
-from test_low_ratio_dispatch import (  # noqa: E402
-    _assert_same_writes, _assert_writes_only_outputs, _clone, _mutated)
+from sample_tests import clone, mutated, sample_tests  # noqa: E402
 
 SAMPLES = sorted(spec_samples("cpu"))
 
 
-@pytest.mark.parametrize("name", SAMPLES)
-def test_opcheck(device, name):
-    op, args = spec_samples(device)[name]
-    torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("name", SAMPLES)
-def test_samples_write_only_their_outputs(device, name):
-    _assert_writes_only_outputs(*spec_samples(device)[name], name)
-
-
-@pytest.mark.parametrize("name", SAMPLES)
-def test_meta_tensors(name):
-    op, args = spec_samples("cpu")[name]
-    op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
-
-
-@pytest.mark.parametrize("name", SAMPLES)
-def test_compiled_equals_eager(device, name):
-    op, args = spec_samples(device)[name]
-    eager, compiled = _clone(args), _clone(args)
-    op(*eager)
-    torch._dynamo.reset()
-    torch.compile(lambda *a: op(*a), fullgraph=True, dynamic=False)(*compiled)
-    _assert_same_writes(op, eager, compiled, f"{name} compiled")
+test_opcheck, test_samples_write_only_their_outputs, test_meta_tensors, \
+    test_compiled_equals_eager = sample_tests(spec_samples)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -424,11 +400,11 @@ def test_cuda_equals_cpu(name):
     """The GPU kernels give the CPU's bytes for mark and commit; staged banks within the
     backends' tolerance (contract 6: the hardware exponential)."""
     op, args = spec_samples("cpu")[name]
-    cpu = _clone(args)
-    gpu = [a.cuda() if isinstance(a, torch.Tensor) else a for a in _clone(args)]
+    cpu = clone(args)
+    gpu = [a.cuda() if isinstance(a, torch.Tensor) else a for a in clone(args)]
     op(*cpu)
     op(*gpu)
-    for i in _mutated(op, args):
+    for i in mutated(op, args):
         if name.startswith("write_prefix"):
             tol = 1e-5 if cpu[i].dtype == torch.float32 else 1e-2  # bf16: an ulp apart
             torch.testing.assert_close(gpu[i].cpu().float(), cpu[i].float(), rtol=tol, atol=tol)
