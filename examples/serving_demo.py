@@ -135,13 +135,7 @@ def run_v4(args) -> int:
     print("-" * len(head))
     lens = ", ".join(f"{r.name}={r.seq_len}" for r in final)
     print(f"{sim.steps + spec.steps + online.steps} steps in {elapsed:.1f} s; final lengths {lens}")
-    if failures:
-        print(f"FAILED: {len(failures)} mismatches")
-        for f in failures[:30]:
-            print("  " + f)
-        return 1
-    print("OK: every compressed token, cache byte and state row matches the reference")
-    return 0
+    return _verdict(failures, "every compressed token, cache byte and state row")
 
 
 # ------------------------------------------------------------------------------------------
@@ -195,6 +189,18 @@ class _Layer41:
 
     def pad_row(self) -> torch.Tensor:
         return torch.zeros_like(self.new_row(torch.Generator()))
+
+
+def _verdict(failures: list, what: str) -> int:
+    """Exit status 0 when nothing mismatched (printing what was checked), else 1 and the first
+    30 mismatches."""
+    if failures:
+        print(f"FAILED: {len(failures)} mismatches")
+        for f in failures[:30]:
+            print("  " + f)
+        return 1
+    print(f"OK: {what} matches the reference")
+    return 0
 
 
 def _v41_step(layers, freqs, batch, kind: str, draft_len: int, dev, g) -> dict:
@@ -354,13 +360,7 @@ def run_v41(args) -> int:
     print("-" * len(head))
     print(f"{step[0]} steps in {time.perf_counter() - t0:.1f} s; final lengths "
           + ", ".join(f"{r.name}={r.length}" for r in reqs))
-    if failures:
-        print(f"FAILED: {len(failures)} mismatches")
-        for f in failures[:30]:
-            print("  " + f)
-        return 1
-    print("OK: every latent, cache byte, index-K byte and ring row matches the reference")
-    return 0
+    return _verdict(failures, "every latent, cache byte, index-K byte and ring row")
 
 
 if __name__ == "__main__":
