@@ -169,7 +169,7 @@ class Timer:
         """Per-call time of `per_graph` back-to-back calls captured in one CUDA graph."""
         if not self.is_cuda:
             return None
-        return self.graph_each({"fn": fn}, per_graph, replays)["fn"]
+        return self.graph_each({"fn": self.capture(fn, per_graph)}, per_graph, replays)["fn"]
 
     def capture(self, fn: Callable[[], Any], per_graph: int) -> "torch.cuda.CUDAGraph":
         """A CUDA graph of `per_graph` back-to-back calls of fn, replayed twice."""
@@ -189,12 +189,10 @@ class Timer:
         torch.cuda.synchronize(self.device)
         return g
 
-    def graph_each(self, graphs: Dict[str, Any], per_graph: int, replays: int
-                   ) -> Dict[str, Dict[str, float]]:
-        """Per-call graph times of every entry (a call, captured here, or a graph capture()
-        made), the replays interleaved in rotated order as in cold_each."""
-        graphs = {n: g if isinstance(g, torch.cuda.CUDAGraph) else self.capture(g, per_graph)
-                  for n, g in graphs.items()}
+    def graph_each(self, graphs: Dict[str, "torch.cuda.CUDAGraph"], per_graph: int,
+                   replays: int) -> Dict[str, Dict[str, float]]:
+        """Per-call times of graphs capture() made of `per_graph` calls each, the replays
+        interleaved in rotated order as in cold_each."""
         names = list(graphs)
         events = {n: [] for n in names}
         for i in range(max(1, replays)):

@@ -185,6 +185,15 @@ def copy_floor_us(timer: C.Timer, s: Settings, nbytes: int) -> Optional[float]:
     return s.floors[key]
 
 
+def _note_failure(rec: Dict[str, Any], key: str, prefix: str, e: Exception, timer: C.Timer,
+                  width: int = 300) -> None:
+    """rec[key] = the failure's message; a lost CUDA context raises DeviceLost."""
+    rec[key] = f"{prefix}{type(e).__name__}: {str(e)[:width]}"
+    lost = C.device_healthy(timer.device)
+    if lost:
+        raise C.DeviceLost(lost) from e
+
+
 def first_calls(starts: Dict[str, Callable[[], Tuple[Any, Callable[[], Any]]]], timer: C.Timer,
                 rec: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Callable[[], Any]]]:
     """({engine: outputs}, {engine: call}) after one call of every engine; starts[engine]()
@@ -197,11 +206,8 @@ def first_calls(starts: Dict[str, Callable[[], Tuple[Any, Callable[[], Any]]]], 
             fns[name]()
             timer.sync()
         except Exception as e:  # noqa: BLE001
-            rec[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             fns.pop(name, None)
-            lost = C.device_healthy(timer.device)
-            if lost:
-                raise C.DeviceLost(lost) from e
+            _note_failure(rec, f"{name}_error", "", e, timer)
     return outs, fns
 
 
@@ -221,20 +227,16 @@ def time_calls(fns: Dict[str, Callable[[], Any]], timer: C.Timer, s: Settings, b
     """rec[engine] = {"cold_us", "graph_us"} of every call, the engines' repetitions
     interleaved (Timer.cold_each, graph_each); a failure is noted as "<engine>_error", a graph
     capture's as rec[engine]["graph_error"]."""
+    reps = s.reps_big if big else s.reps
     try:
-        cold = timer.cold_each(fns, s.reps_big if big else s.reps, s.warmup)
-    except C.DeviceLost:
-        raise
+        cold = timer.cold_each(fns, reps, s.warmup)
     except Exception:  # noqa: BLE001 (time each alone to name the engine that fails)
         cold = {}
         for name, fn in fns.items():
             try:
-                cold[name] = timer.cold(fn, s.reps_big if big else s.reps, s.warmup)
+                cold[name] = timer.cold(fn, reps, s.warmup)
             except Exception as e:  # noqa: BLE001
-                rec[f"{name}_error"] = f"timing: {type(e).__name__}: {str(e)[:300]}"
-                lost = C.device_healthy(timer.device)
-                if lost:
-                    raise C.DeviceLost(lost) from e
+                _note_failure(rec, f"{name}_error", "timing: ", e, timer)
     for name, st in cold.items():
         rec[name] = {"cold_us": st}
     if not timer.is_cuda or s.no_graph:
@@ -245,10 +247,7 @@ def time_calls(fns: Dict[str, Callable[[], Any]], timer: C.Timer, s: Settings, b
         try:
             graphs[name] = timer.capture(fns[name], per_graph)
         except Exception as e:  # noqa: BLE001
-            rec[name]["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            lost = C.device_healthy(timer.device)
-            if lost:
-                raise C.DeviceLost(lost) from e
+            _note_failure(rec[name], "graph_error", "", e, timer, 200)
     if graphs:
         for name, st in timer.graph_each(graphs, per_graph, s.graph_replays).items():
             rec[name]["graph_us"] = st

@@ -44,6 +44,18 @@ def main() -> int:
     return run_v41(args) if args.model == "v4.1" else run_v4(args)
 
 
+def _verdict(failures: list, what: str) -> int:
+    """Exit status 0 when nothing mismatched (printing what was checked), else 1 and the first
+    30 mismatches."""
+    if failures:
+        print(f"FAILED: {len(failures)} mismatches")
+        for f in failures[:30]:
+            print("  " + f)
+        return 1
+    print(f"OK: {what} matches the reference")
+    return 0
+
+
 def run_v4(args) -> int:
     # cr=4 indexer (hd 128, fp8 and fp4 stores), cr=4 main and cr=128 main (hd 512, fp8_ds_mla)
     compressors = deepseek_v4_compressors(indexer_stores=("fp8_indexer", "fp4_indexer"))
@@ -189,18 +201,6 @@ class _Layer41:
 
     def pad_row(self) -> torch.Tensor:
         return torch.zeros_like(self.new_row(torch.Generator()))
-
-
-def _verdict(failures: list, what: str) -> int:
-    """Exit status 0 when nothing mismatched (printing what was checked), else 1 and the first
-    30 mismatches."""
-    if failures:
-        print(f"FAILED: {len(failures)} mismatches")
-        for f in failures[:30]:
-            print("  " + f)
-        return 1
-    print(f"OK: {what} matches the reference")
-    return 0
 
 
 def _v41_step(layers, freqs, batch, kind: str, draft_len: int, dev, g) -> dict:
