@@ -139,11 +139,17 @@ struct C1Kernels {
                   env.pdl, a);
   }
 };
+// The one-chunk (few-row) launches of arguments in the common form run its instance.
 template <int kEncoding, int kChunks>
 struct C2Kernels {
   static void launch(const RowLaunch& l, const LaunchEnv& env, const C2KernelArgs& a) {
-    launch_kernel(c2_norm_rope_store_kernel<kEncoding, kChunks>, l.grid, l.block, 0, env.stream,
-                  env.pdl, a);
+    if constexpr (kChunks == 1) {
+      if (c2_common_form(a))
+        return launch_kernel(c2_norm_rope_store_kernel<kEncoding, 1, true>, l.grid, l.block, 0,
+                             env.stream, env.pdl, a);
+    }
+    launch_kernel(c2_norm_rope_store_kernel<kEncoding, kChunks, false>, l.grid, l.block, 0,
+                  env.stream, env.pdl, a);
   }
 };
 template <int kEncoding, int kChunks>
@@ -155,14 +161,20 @@ struct C2PoolKernels {
 };
 template <int kEncoding, int kChunks>
 struct KvStoreKernels {
+  template <typename XT>
+  static void launch_x(const RowLaunch& l, const LaunchEnv& env, const KvStoreKernelArgs& a) {
+    if constexpr (kChunks == 1) {
+      if (kv_store_common_form(a))
+        return launch_kernel(kv_store_kernel<kEncoding, XT, 1, true>, l.grid, l.block, 0,
+                             env.stream, env.pdl, a);
+    }
+    launch_kernel(kv_store_kernel<kEncoding, XT, kChunks, false>, l.grid, l.block, 0, env.stream,
+                  env.pdl, a);
+  }
   static void launch(const RowLaunch& l, const LaunchEnv& env, const KvStoreKernelArgs& a,
                      bool x_bf16) {
-    if (x_bf16)
-      launch_kernel(kv_store_kernel<kEncoding, uint16_t, kChunks>, l.grid, l.block, 0,
-                    env.stream, env.pdl, a);
-    else
-      launch_kernel(kv_store_kernel<kEncoding, float, kChunks>, l.grid, l.block, 0, env.stream,
-                    env.pdl, a);
+    if (x_bf16) launch_x<uint16_t>(l, env, a);
+    else launch_x<float>(l, env, a);
   }
 };
 

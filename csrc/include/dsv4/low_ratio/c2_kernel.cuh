@@ -9,7 +9,8 @@
 // A ring row outside the state skips the row. With ring > D no even row of a verify block parks
 // on the slot its head reads, so the rows are independent.
 //
-// Instantiation: c2_norm_rope_store_kernel<Encoding, Chunks> (as c1's).
+// Instantiation: c2_norm_rope_store_kernel<Encoding, Chunks, CommonForm> (Encoding and Chunks as
+// c1's; CommonForm true only with Chunks 1: the arguments of c2_common_form as constants).
 #pragma once
 
 #include "../plan_math.h"
@@ -25,10 +26,30 @@ struct C2KernelArgs {
   Divisor draft_len;  // make_divisor(draft_len): a block's rows found by a multiply
 };
 
-template <int kEncoding, int kChunks>
+// The arguments of a serving engine's decode step (int64 indices, 16-byte aligned tensors, bf16
+// norm weight, one DCP rank): the few-row launches run an instance with these as constants,
+// a shorter machine code for a latency-bound launch (docs/design/low_ratio.md, "Few-row
+// launches").
+// c2_common_form(a): a is in that form.
+DSV4_HD void set_c2_common_form(C2KernelArgs& a) {
+  a.in.pos64 = a.in.req64 = a.in.loc64 = true;
+  a.in.vec_in = a.in.vec_state = true;
+  a.out.w_bf16 = true;
+  a.out.vec_w = a.out.vec_freqs = a.out.vec_out = a.out.vec_latent = true;
+  a.out.dcp = Dcp{};
+}
+DSV4_HD bool c2_common_form(const C2KernelArgs& a) {
+  return a.in.pos64 && a.in.req64 && a.in.loc64 && a.in.vec_in && a.in.vec_state &&
+         a.out.w_bf16 && a.out.vec_w && a.out.vec_freqs && a.out.vec_out && a.out.vec_latent &&
+         dcp_is_identity(a.out.dcp);
+}
+
+template <int kEncoding, int kChunks, bool kCommonForm>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax)
     c2_norm_rope_store_kernel(C2KernelArgs a) {
   using namespace low_ratio;
+  static_assert(!kCommonForm || kChunks == 1, "the common-form instances are the few-row ones");
+  if constexpr (kCommonForm) set_c2_common_form(a);
   const PairInputs& in = a.in;
   const RowThread r = row_thread<kChunks>();
   pdl_wait();

@@ -5,8 +5,9 @@
 // nothing. v = float(x); with freqs_rows (V41 family) dims 448..511 are rotated by the row's
 // (cos, sin) pairs and rounded to x's dtype; no fake quant; then the layout's encoding.
 //
-// Instantiation: kv_store_kernel<Encoding, XT, Chunks> with Encoding a layout_encoding, XT float
-// or uint16_t (bf16 bits) and Chunks 1 or 4 (the chunks a thread holds).
+// Instantiation: kv_store_kernel<Encoding, XT, Chunks, CommonForm> with Encoding a
+// layout_encoding, XT float or uint16_t (bf16 bits), Chunks 1 or 4 (the chunks a thread holds)
+// and CommonForm true only with Chunks 1 (the arguments of kv_store_common_form as constants).
 #pragma once
 
 #include "row_encode.cuh"
@@ -31,11 +32,19 @@ struct KvStoreKernelArgs {
   bool vec_out;  // cache and page_bytes 8-byte aligned
 };
 
-// Loads of kv_store's input row before (1) or after (0) its destination is known (a build knob
-// for A/B runs; the same bytes either way).
-#ifndef DSV4_LR_EARLY_INPUT
-#define DSV4_LR_EARLY_INPUT 1
-#endif
+// The arguments of a serving engine's decode step (int64 loc, aligned tensors, one DCP rank):
+// the few-row launches run an instance with these as constants, a shorter machine code for a
+// latency-bound launch (docs/design/low_ratio.md, "Few-row launches").
+// kv_store_common_form(a): a is in that form.
+DSV4_HD void set_kv_store_common_form(KvStoreKernelArgs& a) {
+  a.loc64 = true;
+  a.vec_in = true;
+  a.vec_out = true;
+  a.dcp = Dcp{};
+}
+DSV4_HD bool kv_store_common_form(const KvStoreKernelArgs& a) {
+  return a.loc64 && a.vec_in && a.vec_out && dcp_is_identity(a.dcp);
+}
 
 namespace low_ratio {
 // The thread's values of row r.row of x and, with freqs_rows, its RoPE pairs.
@@ -63,35 +72,33 @@ constexpr int kv_store_min_blocks() {
 #endif
 }
 
-template <int kEncoding, typename XT, int kChunks>
+template <int kEncoding, typename XT, int kChunks, bool kCommonForm>
 __global__ void __launch_bounds__(low_ratio::kBlockThreadsMax, kv_store_min_blocks())
     kv_store_kernel(KvStoreKernelArgs a) {
   using namespace low_ratio;
+  static_assert(!kCommonForm || kChunks == 1, "the common-form instances are the few-row ones");
   constexpr bool kBf16 = sizeof(XT) == 2;
-  const RowThread r = row_thread<kChunks>();
+  if constexpr (kCommonForm) set_kv_store_common_form(a);
+  // These layouts take no RoPE (checked): no RoPE code in their instances.
+  if constexpr (kEncoding == kLayoutV4 || kEncoding == kLayoutUniformFp8) a.freqs_rows = nullptr;
+  RowThread r = row_thread<kChunks>();
   pdl_wait();
   pdl_trigger();
-  if (r.row >= a.n_rows) return;
-#if DSV4_LR_EARLY_INPUT
-  // The row and its RoPE pairs go out before the index (in bounds whatever loc is): one memory
-  // round trip before the encoding instead of two (issued after it, the pairs' load waited
-  // behind the first test of loc in the machine code).
+  // The row, its RoPE pairs and its loc go out together, before any test (a thread past the
+  // last row loads row 0's); the tests only gate the stores, after the reductions that need
+  // the row. With exits before the encoding, ptxas sank the row's loads below the test of loc
+  // (two memory round trips: docs/design/low_ratio.md).
+  const bool in_rows = r.row < a.n_rows;
+  if (!in_rows) r.row = 0;
   RowPart<kChunks> v;
   float f[4];
   load_kv_store_row<kBf16, kChunks>(a, r, v, f);
-#endif
   const int64_t loc = load_index(a.loc, a.loc64, r.row);
   RowDestination d;
-  if (!row_destination(a.cache, loc, a.dcp, a.rows, a.log2_page_size, a.num_pages,
-                       a.page_bytes, &d))
-    return;
-#if !DSV4_LR_EARLY_INPUT
-  RowPart<kChunks> v;
-  float f[4];
-  load_kv_store_row<kBf16, kChunks>(a, r, v, f);
-#endif
+  const bool stores = row_destination(a.cache, loc, a.dcp, a.rows, a.log2_page_size,
+                                      a.num_pages, a.page_bytes, &d) && in_rows;
   if (a.freqs_rows != nullptr) rope_tail(v, f, r, kBf16);
-  encode_store_chunks<kEncoding, kChunks>(v, r.chunk, r.lane, d, a.vec_out);
+  encode_store_chunks<kEncoding, kChunks>(v, r.chunk, r.lane, d, a.vec_out, stores);
 }
 
 }  // namespace dsv4

@@ -233,6 +233,24 @@ DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chu
     tile_amaxes<kLanes>(q, am);
     const auto group = [&](int i) { return 2 * (first_chunk + i) + lane / kLanes; };
     const auto is_rope = [&](int i) { return group(i) >= kDsMlaNopeDim / kDsMlaGroup; };
+    if constexpr (kChunks == 1) {
+      // One chunk a thread (the decode-sized launches): the rope lanes store their bf16 values
+      // and skip the exponent and the codes, a shorter path for the launch's latency
+      // (docs/design/low_ratio.md, "Few-row launches").
+      const int dim = lane_dim(first_chunk, lane, 0);
+      if (is_rope(0)) {
+        if (writes)
+          store_u64(d.data + 2 * dim - kDsMlaNopeDim, bf16x2_bits(q[0][0], q[0][1]),
+                    bf16x2_bits(q[0][2], q[0][3]), vec_out);
+        return;
+      }
+      const uint8_t e = ds_mla_exponent(am[0]);
+      const uint32_t codes = e4m3x4_mul(q[0], ue8m0_inv_scale(e));
+      if (!writes) return;
+      store_u32(d.data + dim, codes, vec_out);
+      if (lane % kLanes == 0) d.scales[group(0)] = e;
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       ex[i] = ds_mla_exponent(am[i]);
