@@ -229,7 +229,6 @@ DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chu
     // One UE8M0 per 64 dims = 16 lanes: byte 2j + lane / 16 of chunk j (7 bytes).
     constexpr int kLanes = kDsMlaGroup / 4;
     float am[kChunks];
-    uint32_t lo[kChunks], hi[kChunks], ex[kChunks];
     tile_amaxes<kLanes>(q, am);
     const auto group = [&](int i) { return 2 * (first_chunk + i) + lane / kLanes; };
     const auto is_rope = [&](int i) { return group(i) >= kDsMlaNopeDim / kDsMlaGroup; };
@@ -249,28 +248,29 @@ DSV4_DEVICE void encode_store_chunks(const float (&q)[kChunks][4], int first_chu
       if (!writes) return;
       store_u32(d.data + dim, codes, vec_out);
       if (lane % kLanes == 0) d.scales[group(0)] = e;
-      return;
-    }
+    } else {
+      uint32_t lo[kChunks], hi[kChunks], ex[kChunks];
 #pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      ex[i] = ds_mla_exponent(am[i]);
-      if (is_rope(i)) {
-        lo[i] = bf16x2_bits(q[i][0], q[i][1]);
-        hi[i] = bf16x2_bits(q[i][2], q[i][3]);
-      } else {
-        lo[i] = e4m3x4_mul(q[i], ue8m0_inv_scale(uint8_t(ex[i])));
-        hi[i] = 0u;
+      for (int i = 0; i < kChunks; ++i) {
+        ex[i] = ds_mla_exponent(am[i]);
+        if (is_rope(i)) {
+          lo[i] = bf16x2_bits(q[i][0], q[i][1]);
+          hi[i] = bf16x2_bits(q[i][2], q[i][3]);
+        } else {
+          lo[i] = e4m3x4_mul(q[i], ue8m0_inv_scale(uint8_t(ex[i])));
+          hi[i] = 0u;
+        }
       }
-    }
-    if (!writes) return;
+      if (!writes) return;
 #pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int dim = lane_dim(first_chunk + i, lane, 0);
-      if (is_rope(i))  // rope dims as bf16 at byte 448 + 2 * (dim - 448)
-        store_u64(d.data + 2 * dim - kDsMlaNopeDim, lo[i], hi[i], vec_out);
-      else
-        store_u32(d.data + dim, lo[i], vec_out);
-      if (lane % kLanes == 0 && !is_rope(i)) d.scales[group(i)] = uint8_t(ex[i]);
+      for (int i = 0; i < kChunks; ++i) {
+        const int dim = lane_dim(first_chunk + i, lane, 0);
+        if (is_rope(i))  // rope dims as bf16 at byte 448 + 2 * (dim - 448)
+          store_u64(d.data + 2 * dim - kDsMlaNopeDim, lo[i], hi[i], vec_out);
+        else
+          store_u32(d.data + dim, lo[i], vec_out);
+        if (lane % kLanes == 0 && !is_rope(i)) d.scales[group(i)] = uint8_t(ex[i]);
+      }
     }
   } else if constexpr (kEncoding == kLayoutV41) {
     // One UE8M0 per 32 dims = 8 lanes; 16 scale bytes, byte 4j + lane / 8 of chunk j.
