@@ -199,7 +199,8 @@ def spec_samples(device):
 def fused_samples(device):
     """name -> (op, args) of compress_and_store: decode (c4 indexer fp4 without `out`, c128 main
     fp8_ds_mla with `out`, online c128 into a V4.1 layout, a DCP rank that owns a stored entry)
-    and padded prefill (c4 main, c128 indexer), each step closing a window."""
+    and padded prefill (c4 main, c128 indexer), each step closing a window (the online one in
+    one of its two requests)."""
     ops = torch.ops.dsv4
     dev = torch.device(device)
     samples = {}
@@ -208,8 +209,11 @@ def fused_samples(device):
         w = decode_world(dev, compress_ratio=cr, head_dim=hd)
         state = w.state
         if online:
+            # A step that closes a window stores no online state: the second request's token
+            # falls inside its window, so the step writes the state too.
             state = dsv4_ops.state_buffer(128, hd, 4, is_online=True, device=dev)
-            plan = dsv4_ops.CompressorDecodePlan.generate_online(w.seq_lens, w.rid,
+            seq_lens = w.seq_lens + torch.tensor([0, 5], dtype=w.seq_lens.dtype, device=dev)
+            plan = dsv4_ops.CompressorDecodePlan.generate_online(seq_lens, w.rid,
                                                                  w.req_to_token)
         else:
             plan = dsv4_ops.CompressorDecodePlan.generate(cr, w.rid, w.req_to_token,

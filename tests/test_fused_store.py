@@ -6,7 +6,8 @@ every kernel (cr 4 hd 512 / 128, cr 128 offline hd 512 / 128, online cr 128), de
 prefill (trimmed and padded plans), every addressing mode, every store format and V4.1
 layout, state / input dtypes, DCP ranks and a row-strided kv_score_input. The pair itself is
 checked against the whole-sequence oracle in test_compress.py and test_store.py. Bad input
-raises naming compress_and_store and the argument."""
+raises naming compress_and_store and the argument. The samples of op_samples.fused_samples go
+through PyTorch's machinery (sample_tests: opcheck, writes, meta tensors, torch.compile)."""
 import pytest
 import torch
 
@@ -16,6 +17,8 @@ from dsv4_ops import (Compressor, CompressorDecodePlan, CompressorPrefillPlan, K
 from dsv4_ops.testing import worlds
 
 from low_ratio_cases import at_odd_offset
+from op_samples import fused_samples
+from sample_tests import sample_tests
 
 F32, BF16 = torch.float32, torch.bfloat16
 SPS = 64  # SWA page size
@@ -35,6 +38,10 @@ FLAGS = {"fp8_ds_mla": {}, "bf16": {"bf16_store": True}, "fp8_indexer": {},
 DECODE_SEQ = {4: [16, 9, 12, 33, 8], 128: [256, 130, 384, 129, 128]}
 PREFILL_REQUESTS = {4: [(37, 37), (300, 45), (21, 3), (64, 1)],
                     128: [(300, 300), (520, 150), (260, 5), (129, 2)]}
+
+
+test_opcheck, test_samples_write_only_their_outputs, test_meta_tensors, \
+    test_compiled_equals_eager = sample_tests(fused_samples)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

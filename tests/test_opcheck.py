@@ -5,7 +5,7 @@ import torch
 
 import dsv4_ops
 
-from op_samples import decode_world, fused_samples, make_world
+from op_samples import decode_world, make_world
 
 OPS = torch.ops.dsv4
 
@@ -64,9 +64,3 @@ def test_compress_norm_rope_store(device, fmt, dcp):
     _check(OPS.compress_norm_rope_store, (kv, plan.plan_d, w.norm_weight, w.freqs_real, w.out_loc,
                                           w.kvcache(fmt), True, 4, 1e-6, w.cache_page_size, fmt)
            + extra)
-
-
-@pytest.mark.parametrize("name", sorted(fused_samples("cpu")))
-def test_compress_and_store(device, name):
-    op, args = fused_samples(device)[name]
-    _check(op, args)
